@@ -1,0 +1,238 @@
+//! The in-memory store: the embedded default of a single brain without MongoDB, and the ground of deterministic
+//! fault-injection and simulation tests. Each primitive runs under one lock, so it is as atomic as its MongoDB
+//! twin.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+
+use super::{
+    CounterKey, CounterRecord, DeleteCondition, HolderRecord, HolderState, LeaseStore, NewHolder, Occupancy, Payload,
+    StoreResult,
+};
+
+/// The store's notion of "now" in epoch milliseconds: the "server time" of the in-memory store.
+pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
+    /// Now, in epoch milliseconds.
+    fn now_ms(&self) -> i64;
+}
+
+/// The wall clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    }
+}
+
+/// A clock that only moves when told to: simulations and TTL tests without sleeping.
+#[derive(Debug, Default, Clone)]
+pub struct ManualClock(Arc<AtomicI64>);
+
+impl ManualClock {
+    /// A clock standing at `start_ms`.
+    pub fn new(start_ms: i64) -> Self {
+        ManualClock(Arc::new(AtomicI64::new(start_ms)))
+    }
+
+    /// Moves the clock forward by `ms`.
+    pub fn advance(&self, ms: i64) {
+        self.0.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    holders: HashMap<String, HolderRecord>,
+    counters: HashMap<String, CounterRecord>,
+}
+
+/// The in-memory [`LeaseStore`].
+#[derive(Debug)]
+pub struct MemoryStore {
+    // A std mutex: no primitive awaits while holding it, and every primitive is a few map operations.
+    state: Mutex<State>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new(Arc::new(SystemClock))
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        MemoryStore { state: Mutex::default(), clock }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave a half-applied primitive behind (each one mutates last), so
+        // a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn is_idle(h: &HolderRecord, now: i64) -> bool {
+        h.last_seen_at_ms + (h.ttl_seconds as i64) * 1000 < now
+    }
+}
+
+#[async_trait]
+impl LeaseStore for MemoryStore {
+    async fn insert_holder(&self, h: &NewHolder) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        self.state().holders.entry(h.token.clone()).or_insert_with(|| HolderRecord {
+            token: h.token.clone(),
+            lease_type: h.lease_type.clone(),
+            lease: h.lease.clone(),
+            resource: h.resource.clone(),
+            tenant_id: h.tenant_id.clone(),
+            project_id: h.project_id.clone(),
+            user_id: h.user_id.clone(),
+            holder_ref: h.holder_ref.clone(),
+            pod: h.pod.clone(),
+            pod_bound: h.pod_bound,
+            state: HolderState::Pending,
+            levels: Vec::new(),
+            payload: h.payload.clone(),
+            ttl_seconds: h.ttl_seconds,
+            acquired_at_ms: now,
+            last_seen_at_ms: now,
+        });
+        Ok(())
+    }
+
+    async fn try_increment(&self, key: &CounterKey, cap: u32) -> StoreResult<bool> {
+        let now = self.clock.now_ms();
+        let mut state = self.state();
+        match state.counters.get_mut(&key.id()) {
+            Some(c) if c.count < i64::from(cap) => {
+                c.count += 1;
+                c.updated_at_ms = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn ensure_counter(&self, key: &CounterKey) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let id = key.id();
+        let mut state = self.state();
+        let c = state.counters.entry(id.clone()).or_insert(CounterRecord { id, count: 0, updated_at_ms: now });
+        // Like MongoDB's `$currentDate` in the upsert, an existing counter's `updatedAt` moves too.
+        c.updated_at_ms = now;
+        Ok(())
+    }
+
+    async fn push_level(&self, token: &str, counter_id: &str, held: bool) -> StoreResult<bool> {
+        Ok(self
+            .state()
+            .holders
+            .get_mut(token)
+            .map(|h| {
+                h.levels.push(counter_id.to_owned());
+                if held {
+                    h.state = HolderState::Held;
+                }
+            })
+            .is_some())
+    }
+
+    async fn touch(&self, token: &str) -> StoreResult<bool> {
+        let now = self.clock.now_ms();
+        Ok(self.state().holders.get_mut(token).map(|h| h.last_seen_at_ms = now).is_some())
+    }
+
+    async fn set_payload(&self, token: &str, payload: &Payload) -> StoreResult<bool> {
+        let now = self.clock.now_ms();
+        Ok(self
+            .state()
+            .holders
+            .get_mut(token)
+            .map(|h| {
+                h.payload = payload.clone();
+                h.last_seen_at_ms = now;
+            })
+            .is_some())
+    }
+
+    async fn delete_holder(&self, token: &str, condition: DeleteCondition<'_>) -> StoreResult<Option<HolderRecord>> {
+        let now = self.clock.now_ms();
+        let mut state = self.state();
+        let matches = state.holders.get(token).is_some_and(|h| match condition {
+            DeleteCondition::Any => true,
+            DeleteCondition::Tenant(t) => h.tenant_id == t,
+            DeleteCondition::Idle => Self::is_idle(h, now),
+        });
+        Ok(if matches { state.holders.remove(token) } else { None })
+    }
+
+    async fn decrement(&self, counter_ids: &[String]) -> StoreResult<()> {
+        let now = self.clock.now_ms();
+        let mut state = self.state();
+        for id in counter_ids {
+            if let Some(c) = state.counters.get_mut(id) {
+                c.count -= 1;
+                c.updated_at_ms = now;
+            }
+        }
+        Ok(())
+    }
+
+    async fn idle_holders(&self, resource: Option<&str>) -> StoreResult<Vec<String>> {
+        let now = self.clock.now_ms();
+        Ok(self
+            .state()
+            .holders
+            .values()
+            .filter(|h| resource.is_none_or(|r| h.resource == r) && Self::is_idle(h, now))
+            .map(|h| h.token.clone())
+            .collect())
+    }
+
+    async fn occupancy(&self, key: &CounterKey) -> StoreResult<Occupancy> {
+        let now = self.clock.now_ms();
+        let id = key.id();
+        let state = self.state();
+        let count = state.counters.get(&id).map_or(0, |c| c.count);
+        let retry_after_ms = state
+            .holders
+            .values()
+            .filter(|h| h.levels.contains(&id))
+            .map(|h| h.last_seen_at_ms + (h.ttl_seconds as i64) * 1000 - now)
+            .min()
+            .map(|ms| ms.max(0) as u64);
+        Ok(Occupancy { count, retry_after_ms })
+    }
+
+    async fn holder(&self, token: &str) -> StoreResult<Option<HolderRecord>> {
+        Ok(self.state().holders.get(token).cloned())
+    }
+
+    async fn holders(&self, resource: Option<&str>) -> StoreResult<Vec<HolderRecord>> {
+        Ok(self.state().holders.values().filter(|h| resource.is_none_or(|r| h.resource == r)).cloned().collect())
+    }
+
+    async fn counters(&self, resource: Option<&str>) -> StoreResult<Vec<CounterRecord>> {
+        Ok(self
+            .state()
+            .counters
+            .values()
+            .filter(|c| resource.is_none_or(|r| CounterKey::parse(&c.id).is_some_and(|k| k.resource == r)))
+            .cloned()
+            .collect())
+    }
+}

@@ -1,0 +1,238 @@
+//! The store seam: storage primitives, and nothing else.
+//!
+//! The funnel algorithm of spec §4 lives once, in [`crate::service`], above this trait. An implementation maps
+//! each primitive to one atomic operation of its backend (one MongoDB round trip for [`MongoStore`]); it never
+//! combines primitives into policy. Time is always the store's own ("server time"): holders and reapers live on
+//! different pods and must agree on what idle means.
+
+mod memory;
+mod mongo;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+
+use crate::error::{Level, StoreError};
+
+pub use memory::{Clock, ManualClock, MemoryStore, SystemClock};
+pub use mongo::{COUNTERS, HOLDERS, MongoStore};
+
+/// A holder's payload: what its type's handler needs for cleanup (an endpoint, a session id, a job id).
+pub type Payload = Map<String, Value>;
+
+/// Result of a store primitive.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// The identity of one counter: `(resource, level, scope)`, stored under `_id = <resource>|<level>|<scope>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterKey {
+    /// The counted resource.
+    pub resource: String,
+    /// The quota level.
+    pub level: Level,
+    /// `*` (global), `<tenant>`, `<tenant>/<project>` or `<tenant>/<user>`.
+    pub scope: String,
+}
+
+impl CounterKey {
+    /// The counter of `level` for a holder in `tenant` / `project` / `user`; `None` for the user level without a
+    /// user.
+    pub fn for_level(resource: &str, level: Level, tenant: &str, project: &str, user: Option<&str>) -> Option<Self> {
+        let scope = match level {
+            Level::Global => "*".to_owned(),
+            Level::Tenant => tenant.to_owned(),
+            Level::Project => format!("{tenant}/{project}"),
+            Level::User => format!("{tenant}/{}", user?),
+        };
+        Some(CounterKey { resource: resource.to_owned(), level, scope })
+    }
+
+    /// The counter document's `_id`.
+    pub fn id(&self) -> String {
+        format!("{}|{}|{}", self.resource, self.level, self.scope)
+    }
+
+    /// Parses an `_id` back into a key.
+    pub fn parse(id: &str) -> Option<Self> {
+        let mut parts = id.splitn(3, '|');
+        let resource = parts.next()?.to_owned();
+        let level = match parts.next()? {
+            "user" => Level::User,
+            "project" => Level::Project,
+            "tenant" => Level::Tenant,
+            "global" => Level::Global,
+            _ => return None,
+        };
+        Some(CounterKey { resource, level, scope: parts.next()?.to_owned() })
+    }
+}
+
+/// A holder's lifecycle state. A holder is `Pending` while its funnel runs and `Held` once every level is booked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HolderState {
+    /// The funnel is still booking levels.
+    Pending,
+    /// Every capped level is booked.
+    Held,
+}
+
+impl HolderState {
+    /// The stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HolderState::Pending => "PENDING",
+            HolderState::Held => "HELD",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Self {
+        if s == "HELD" { HolderState::Held } else { HolderState::Pending }
+    }
+}
+
+/// What an acquisition writes when it creates its holder document.
+#[derive(Debug, Clone)]
+pub struct NewHolder {
+    /// The lease token: 128 random bits, URL-safe text; the holder's `_id`.
+    pub token: String,
+    /// The handler type.
+    pub lease_type: String,
+    /// The definition's name.
+    pub lease: String,
+    /// The counted resource.
+    pub resource: String,
+    /// The holder's tenant.
+    pub tenant_id: String,
+    /// The holder's project.
+    pub project_id: String,
+    /// The holder's user, if any.
+    pub user_id: Option<String>,
+    /// Consumer-specific reference (a process id, a session id).
+    pub holder_ref: String,
+    /// The pod that acquired the lease.
+    pub pod: String,
+    /// Whether the resource dies with the pod.
+    pub pod_bound: bool,
+    /// The initial payload.
+    pub payload: Payload,
+    /// Idle time after which the holder may be reaped.
+    pub ttl_seconds: u64,
+}
+
+/// A stored holder, as read back (from a delete, a listing or a reap).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HolderRecord {
+    /// The lease token.
+    pub token: String,
+    /// The handler type.
+    pub lease_type: String,
+    /// The definition's name.
+    pub lease: String,
+    /// The counted resource.
+    pub resource: String,
+    /// The holder's tenant.
+    pub tenant_id: String,
+    /// The holder's project.
+    pub project_id: String,
+    /// The holder's user, if any.
+    pub user_id: Option<String>,
+    /// Consumer-specific reference.
+    pub holder_ref: String,
+    /// The pod that acquired the lease.
+    pub pod: String,
+    /// Whether the resource dies with the pod.
+    pub pod_bound: bool,
+    /// `PENDING` or `HELD`.
+    pub state: HolderState,
+    /// The counter `_id`s this holder has booked: what its deleter decrements.
+    pub levels: Vec<String>,
+    /// What the handler needs for cleanup.
+    pub payload: Payload,
+    /// Idle time after which the holder may be reaped.
+    pub ttl_seconds: u64,
+    /// Store time of the acquisition, in epoch milliseconds.
+    pub acquired_at_ms: i64,
+    /// Store time of the last touch, in epoch milliseconds.
+    pub last_seen_at_ms: i64,
+}
+
+/// A stored counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterRecord {
+    /// The counter's `_id`.
+    pub id: String,
+    /// Slots taken according to the counter (may drift from the booked holders in crash windows).
+    pub count: i64,
+    /// Store time of the last change, in epoch milliseconds.
+    pub updated_at_ms: i64,
+}
+
+/// The extra condition of a holder delete. The condition is part of the delete filter, so that it is decided
+/// atomically with the delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteCondition<'a> {
+    /// Delete whatever holder has the token (release, rollback).
+    Any,
+    /// Only if the holder belongs to this tenant (a tenant-bound revocation or release).
+    Tenant(&'a str),
+    /// Only if the holder is idle by store time (`lastSeenAt + ttlSeconds < now`): a concurrent touch saves it.
+    Idle,
+}
+
+/// The occupancy of one counter, for the diagnosis of `LEASE_BUSY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Occupancy {
+    /// The counter's count (0 when the counter does not exist).
+    pub count: i64,
+    /// Milliseconds until the earliest holder booking it becomes idle, if any holder books it.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// The storage primitives of the funnel. Every method is one atomic operation on the backend; none of them
+/// decides policy.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + std::fmt::Debug + 'static {
+    /// Creates the holder document in state `PENDING` with `levels: []`, `acquiredAt` and `lastSeenAt` set to
+    /// store time.
+    async fn insert_holder(&self, holder: &NewHolder) -> StoreResult<()>;
+
+    /// The conditional increment: `count += 1` only if the counter exists and `count < cap`. Never creates the
+    /// counter. Returns whether a slot was taken.
+    async fn try_increment(&self, key: &CounterKey, cap: u32) -> StoreResult<bool>;
+
+    /// Creates the counter with `count: 0` if it does not exist (a pure-`_id` upsert); leaves an existing
+    /// counter's count alone.
+    async fn ensure_counter(&self, key: &CounterKey) -> StoreResult<()>;
+
+    /// Appends `counter_id` to the holder's `levels`; with `held`, also sets state `HELD` in the same write.
+    /// Returns `false` if the holder no longer exists.
+    async fn push_level(&self, token: &str, counter_id: &str, held: bool) -> StoreResult<bool>;
+
+    /// Sets `lastSeenAt` to store time. Returns whether the holder exists (*matched*, not *modified*: two
+    /// touches in one millisecond both succeed).
+    async fn touch(&self, token: &str) -> StoreResult<bool>;
+
+    /// Replaces the payload (and touches). Returns whether the holder exists.
+    async fn set_payload(&self, token: &str, payload: &Payload) -> StoreResult<bool>;
+
+    /// Deletes the holder if it exists and meets `condition`, returning the deleted document. Whoever gets the
+    /// document back owns the decrement of its `levels`.
+    async fn delete_holder(&self, token: &str, condition: DeleteCondition<'_>) -> StoreResult<Option<HolderRecord>>;
+
+    /// Decrements each of the given counters by one, in one write.
+    async fn decrement(&self, counter_ids: &[String]) -> StoreResult<()>;
+
+    /// Tokens of holders that are idle by store time, optionally of one resource only.
+    async fn idle_holders(&self, resource: Option<&str>) -> StoreResult<Vec<String>>;
+
+    /// The count of a counter and when its earliest holder becomes idle.
+    async fn occupancy(&self, key: &CounterKey) -> StoreResult<Occupancy>;
+
+    /// One holder, if it exists.
+    async fn holder(&self, token: &str) -> StoreResult<Option<HolderRecord>>;
+
+    /// Every holder, optionally of one resource.
+    async fn holders(&self, resource: Option<&str>) -> StoreResult<Vec<HolderRecord>>;
+
+    /// Every counter, optionally of one resource.
+    async fn counters(&self, resource: Option<&str>) -> StoreResult<Vec<CounterRecord>>;
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The project's test command: `cargo test --workspace` against a real MongoDB.
+#
+# LEASE_TEST_MONGODB_URI, if set, is used as is (e.g. a MongoDB you run yourself).
+# Otherwise a private mongod is started for this run (scripts/mongod.sh) and
+# stopped on exit, whether the tests pass, fail or are interrupted.
+# Extra arguments go to cargo test, e.g. scripts/test.sh -p lease-brain -- --nocapture
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+if [[ -z ${LEASE_TEST_MONGODB_URI:-} ]]; then
+	# A state dir of our own: never reuse, nor stop, a mongod a developer has
+	# running from scripts/mongod.sh start.
+	LEASE_MONGOD_STATE=$(mktemp -d "${TMPDIR:-/tmp}/lease-test-state.XXXXXX")
+	export LEASE_MONGOD_STATE
+	# Set before start, so a start that fails half-way is cleaned up as well.
+	# stop kills by the PID recorded in the state dir.
+	trap 'scripts/mongod.sh stop || true; rm -rf "$LEASE_MONGOD_STATE"' EXIT
+	# Turn signals into a normal exit so the EXIT trap runs.
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+	LEASE_TEST_MONGODB_URI=$(scripts/mongod.sh start)
+	export LEASE_TEST_MONGODB_URI
+fi
+echo "test.sh: LEASE_TEST_MONGODB_URI=$LEASE_TEST_MONGODB_URI" >&2
+
+status=0
+cargo test --workspace "$@" || status=$?
+exit "$status"
