@@ -244,8 +244,9 @@ mod tests {
 
     #[test]
     fn broken_yaml_is_rejected() {
-        let e = err("name: tex\nlevels: [global: 6\n");
+        let e = err("name: 'tex\nlevels: {global: 6}\n");
         assert_eq!(e.field, "document");
+        assert!(e.problem.contains("line"), "{e}");
     }
 
     #[test]
