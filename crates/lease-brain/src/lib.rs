@@ -1,13 +1,20 @@
 //! The brain: the server every pod runs.
 //!
-//! For now it serves health, readiness and metrics over the lease service on the embedded or the MongoDB store;
-//! the brain issue adds the pod registry, revocation dispatch and the HTTP lease API.
-//!
 //! # Layout
 //! - [`config`]: environment → validated [`BrainConfig`].
-//! - [`server`]: store selection, [`server::router`] and [`server::run`] with graceful shutdown.
+//! - [`cluster`]: the pod registry (`cluster_pods`), [`cluster::ClusterService`] and
+//!   [`cluster::LeasePodLiveness`], the one definition of "pod alive".
+//! - [`dispatch`]: the handler registry, the revocation dispatcher (the brain's `LeaseRevocationListener`) and
+//!   the built-in `webhook` handler.
+//! - [`auth`]: HS256 bearer tokens and the internal shared secret.
+//! - [`api`]: the lease API and internal routes, and the one place errors become HTTP statuses.
+//! - [`server`]: wiring, [`server::router`], [`server::run`] with graceful shutdown.
 
+pub mod api;
+pub mod auth;
+pub mod cluster;
 pub mod config;
+pub mod dispatch;
 pub mod server;
 
 pub use config::{BrainConfig, ConfigError};

@@ -1,9 +1,9 @@
-//! The HTTP server of the brain.
+//! The brain server: store selection, wiring, the router, the pod's background tasks and graceful shutdown.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -12,8 +12,12 @@ use axum::routing::get;
 use lease_shared::{LeaseDefinition, LeaseStore, MemoryStore, MongoStore, ResourceLeaseService, StaticDefinitions};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
+use crate::auth::JwtKeys;
+use crate::cluster::{ClusterService, ClusterStore, LeasePodLiveness, MemoryClusterStore, MongoClusterStore};
 use crate::config::BrainConfig;
+use crate::dispatch::{HandlerRegistry, LeaseRevocationDispatcher, WebhookHandler};
 
 /// Why the brain could not start.
 #[derive(Debug, thiserror::Error)]
@@ -43,8 +47,16 @@ pub enum StartError {
 pub struct AppState {
     /// The lease service.
     pub leases: ResourceLeaseService,
-    /// Renders the Prometheus text.
-    pub metrics: PrometheusHandle,
+    /// The revocation dispatcher (for `/internal/lease/revoked`).
+    pub dispatcher: LeaseRevocationDispatcher,
+    /// Verifies lease API tokens; `None` disables the lease API.
+    pub jwt: Option<JwtKeys>,
+    /// The internal shared secret.
+    pub internal_secret: String,
+    /// This pod's id.
+    pub pod_id: String,
+    /// Renders the Prometheus text; `None` when another recorder is installed (tests in one process).
+    pub metrics: Option<PrometheusHandle>,
     /// False once shutdown has begun: load balancers stop sending.
     pub ready: Arc<AtomicBool>,
 }
@@ -54,7 +66,11 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(|State(s): State<AppState>| async move { s.metrics.render() }))
+        .route(
+            "/metrics",
+            get(|State(s): State<AppState>| async move { s.metrics.map(|m| m.render()).unwrap_or_default() }),
+        )
+        .merge(crate::api::routes())
         .with_state(state)
 }
 
@@ -80,41 +96,95 @@ pub fn bundled_definitions() -> Result<Vec<LeaseDefinition>, StartError> {
         .collect()
 }
 
-/// Opens the configured store: MongoDB if a URI is configured, the embedded store otherwise.
-pub async fn open_store(config: &BrainConfig) -> Result<Arc<dyn LeaseStore>, StartError> {
+/// The stores of one brain: MongoDB if a URI is configured, the embedded in-memory stores otherwise.
+pub async fn open_stores(config: &BrainConfig) -> Result<(Arc<dyn LeaseStore>, Arc<dyn ClusterStore>), StartError> {
     match &config.mongodb_uri {
         Some(uri) => {
-            let (_client, store) = MongoStore::connect(uri, &config.database).await?;
+            let (client, store) = MongoStore::connect(uri, &config.database).await?;
             store.ensure_indexes().await?;
             tracing::info!(database = %config.database, "lease state in MongoDB");
-            Ok(Arc::new(store))
+            Ok((Arc::new(store), Arc::new(MongoClusterStore::new(&client.database(&config.database)))))
         }
         None => {
             tracing::warn!(
                 "no MongoDB configured (BRAIN_MONGODB_URI): lease state is held in this process only; \
                  run a single brain, or configure MongoDB for several pods"
             );
-            Ok(Arc::new(MemoryStore::default()))
+            Ok((Arc::new(MemoryStore::default()), Arc::new(MemoryClusterStore::default())))
         }
     }
 }
 
-/// Runs the brain until `shutdown` resolves, then marks it not ready and drains in-flight requests.
+/// Runs the brain until `shutdown` resolves: not ready, drain requests, mark the pod stopped, stop background
+/// tasks.
 pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
-    let metrics = PrometheusBuilder::new().install_recorder().map_err(|e| StartError::Metrics(e.to_string()))?;
-    let store = open_store(&config).await?;
-    let definitions = Arc::new(StaticDefinitions::new(bundled_definitions()?));
-    let leases = ResourceLeaseService::new(store, definitions, Arc::new(HashSet::<String>::new()), None);
-    let ready = Arc::new(AtomicBool::new(true));
-    let state = AppState { leases, metrics, ready: ready.clone() };
+    let metrics = match PrometheusBuilder::new().install_recorder() {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics recorder not installed");
+            None
+        }
+    };
+    let (store, cluster_store) = open_stores(&config).await?;
     let listener = TcpListener::bind(config.listen).await?;
-    tracing::info!(addr = %listener.local_addr()?, "brain listening");
-    axum::serve(listener, router(state))
+    let local = listener.local_addr()?;
+    let endpoint = config.advertised_endpoint.clone().unwrap_or_else(|| format!("http://{local}"));
+    let cluster = ClusterService::new(cluster_store, config.pod_id.clone(), endpoint, config.heartbeat_staleness);
+    cluster.register().await?;
+    let liveness = LeasePodLiveness::new(cluster.clone());
+
+    let mut registry = HandlerRegistry::default();
+    registry.register(Arc::new(WebhookHandler::new(config.pod_id.clone())));
+    let registry = Arc::new(registry);
+    let dispatcher = LeaseRevocationDispatcher::new(registry.clone(), liveness, config.internal_secret.clone());
+    let definitions = Arc::new(StaticDefinitions::new(bundled_definitions()?));
+    let leases = ResourceLeaseService::new(store, definitions, registry, Some(Arc::new(dispatcher.clone())));
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let state = AppState {
+        leases,
+        dispatcher,
+        jwt: config.jwt_secret.as_deref().map(JwtKeys::new),
+        internal_secret: config.internal_secret.clone(),
+        pod_id: config.pod_id.clone(),
+        metrics,
+        ready: ready.clone(),
+    };
+    if state.jwt.is_none() {
+        tracing::warn!("no BRAIN_JWT_SECRET: the lease API answers 503");
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let heartbeat = tokio::spawn(heartbeat_loop(cluster.clone(), config.heartbeat_interval, stop_rx));
+
+    tracing::info!(addr = %local, pod = %config.pod_id, "brain listening");
+    let served = axum::serve(listener, router(state))
         .with_graceful_shutdown(async move {
             shutdown.await;
             ready.store(false, Ordering::SeqCst);
             tracing::info!("shutting down: not ready, draining requests");
         })
-        .await?;
+        .await;
+    let _ = stop_tx.send(true);
+    if tokio::time::timeout(Duration::from_secs(5), heartbeat).await.is_err() {
+        tracing::warn!("heartbeat task did not stop within 5 s");
+    }
+    if let Err(e) = cluster.mark_stopped().await {
+        tracing::warn!(error = %e, "could not mark the pod stopped; it will go stale");
+    }
+    served?;
     Ok(())
+}
+
+async fn heartbeat_loop(cluster: ClusterService, interval: Duration, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {
+                if let Err(e) = cluster.heartbeat().await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+            }
+            _ = stop.changed() => return,
+        }
+    }
 }

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rand::Rng;
 
-use crate::definition::{DefinitionDocument, LeaseDefinition, validate_name};
+use crate::definition::{Caps, DefinitionDocument, LeaseDefinition, validate_name};
 use crate::error::{BusyDetails, LeaseError, StoreError};
 use crate::metrics;
 use crate::reap::{LeaseRevocationListener, Reaper};
-use crate::store::{CounterKey, DeleteCondition, LeaseStore, NewHolder, Payload};
+use crate::store::{CounterKey, DeleteCondition, HolderRecord, LeaseStore, NewHolder, Payload};
 
 /// How a consumer names its lease (spec §2, "Consumer referencing").
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -438,6 +438,53 @@ impl ResourceLeaseService {
         result
     }
 
+    /// The holder of `token` if it belongs to `tenant`: `LEASE_LOST` if there is none, `NOT_FOUND` semantics
+    /// (`Ok(None)`) if it belongs to another tenant — a tenant cannot learn about, or act on, another's lease.
+    async fn holder_in_tenant(&self, token: &str, tenant: &str) -> Result<Option<HolderRecord>, LeaseError> {
+        match self.inner.store.holder(token).await? {
+            None => Err(LeaseError::Lost { token: token.to_owned() }),
+            Some(h) if h.tenant_id == tenant => Ok(Some(h)),
+            Some(_) => Ok(None),
+        }
+    }
+
+    /// [`Self::check`] for a remote consumer bound to `tenant`: `Ok(false)` (nothing touched) if the lease
+    /// belongs to another tenant.
+    pub async fn check_for_tenant(&self, token: &str, tenant: &str) -> Result<bool, LeaseError> {
+        match self.holder_in_tenant(token, tenant).await? {
+            Some(h) => self.check(token, &h.resource).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// [`Self::update_payload`] bound to `tenant`: `Ok(false)` (nothing written) for another tenant's lease.
+    pub async fn update_payload_for_tenant(
+        &self,
+        token: &str,
+        tenant: &str,
+        payload: &Payload,
+    ) -> Result<bool, LeaseError> {
+        match self.holder_in_tenant(token, tenant).await? {
+            Some(_) => self.update_payload(token, payload).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// [`Self::release`] bound to `tenant` (the tenant is part of the delete filter): `Ok(None)` (nothing
+    /// changed) if the lease belongs to another tenant.
+    pub async fn release_for_tenant(&self, token: &str, tenant: &str) -> Result<Option<ReleaseOutcome>, LeaseError> {
+        let store = &self.inner.store;
+        if let Some(holder) = store.delete_holder(token, DeleteCondition::Tenant(tenant)).await? {
+            store.decrement(&holder.levels).await?;
+            metrics::released(&holder.resource, "ok");
+            return Ok(Some(ReleaseOutcome::Released));
+        }
+        match store.holder(token).await? {
+            Some(_) => Ok(None),
+            None => Ok(Some(ReleaseOutcome::AlreadyReleased)),
+        }
+    }
+
     async fn release_inner(&self, token: &str) -> Result<ReleaseOutcome, LeaseError> {
         let store = &self.inner.store;
         match store.delete_holder(token, DeleteCondition::Any).await? {
@@ -484,6 +531,7 @@ struct HeldLease {
     service: ResourceLeaseService,
     token: String,
     resource: String,
+    levels: Caps,
     ttl_seconds: u64,
     released: AtomicBool,
 }
@@ -499,6 +547,7 @@ impl Lease {
             service,
             token,
             resource: def.resource.clone(),
+            levels: def.levels,
             ttl_seconds: def.ttl_seconds,
             released: AtomicBool::new(false),
         }))
@@ -522,6 +571,19 @@ impl Lease {
     /// The definition's TTL; `None` for NOOP.
     pub fn ttl_seconds(&self) -> Option<u64> {
         self.0.as_ref().map(|h| h.ttl_seconds)
+    }
+
+    /// The definition's caps; `None` for NOOP.
+    pub fn levels(&self) -> Option<Caps> {
+        self.0.as_ref().map(|h| h.levels)
+    }
+
+    /// Hands the lease over to a remote holder that keeps it by token (the HTTP API): dropping the handle no
+    /// longer releases it. Returns the token; `None` for NOOP.
+    pub fn detach(self) -> Option<String> {
+        let h = self.0.as_ref()?;
+        h.released.store(true, Ordering::SeqCst);
+        Some(h.token.clone())
     }
 
     /// Check-at-use: touches the holder; `LEASE_LOST` if it was reaped or revoked.

@@ -1,0 +1,260 @@
+//! Handler registry and the revocation dispatcher: the brain's `LeaseRevocationListener` (spec §6).
+//!
+//! | holder's pod            | what happens                                                          |
+//! |-------------------------|-----------------------------------------------------------------------|
+//! | this pod                | the type's handler runs here                                          |
+//! | another live pod        | `POST /internal/lease/revoked` to it; a failed POST counts as dead    |
+//! | dead, pod-bound         | nothing more: the resource died with the pod; the slot is already free |
+//! | dead, not pod-bound     | the handler runs here, on the reaper pod, with the holder's payload   |
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_shared::store::{HolderRecord, HolderState};
+use lease_shared::{LeaseHandler, LeaseRevocationListener, LeaseTypes, Payload, RevocationReason};
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::LeasePodLiveness;
+
+/// The header carrying the internal shared secret on pod-to-pod and operator calls.
+pub const INTERNAL_SECRET_HEADER: &str = "x-vance-internal-secret";
+
+/// The handlers by lease type. Also the set of types an acquisition may name.
+#[derive(Debug, Default, Clone)]
+pub struct HandlerRegistry {
+    handlers: HashMap<String, Arc<dyn LeaseHandler>>,
+}
+
+impl HandlerRegistry {
+    /// Registers `handler` for its type (a later registration of the same type replaces it).
+    pub fn register(&mut self, handler: Arc<dyn LeaseHandler>) {
+        self.handlers.insert(handler.lease_type().to_owned(), handler);
+    }
+
+    /// The handler of `lease_type`.
+    pub fn get(&self, lease_type: &str) -> Option<&Arc<dyn LeaseHandler>> {
+        self.handlers.get(lease_type)
+    }
+}
+
+impl LeaseTypes for HandlerRegistry {
+    fn is_registered(&self, lease_type: &str) -> bool {
+        self.handlers.contains_key(lease_type)
+    }
+}
+
+/// A revoked holder as sent between pods.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RevokedHolder {
+    /// The lease token.
+    pub token: String,
+    /// The handler type.
+    #[serde(rename = "type")]
+    pub lease_type: String,
+    /// The definition's name.
+    pub lease: String,
+    /// The counted resource.
+    pub resource: String,
+    /// The holder's tenant.
+    pub tenant_id: String,
+    /// The holder's project.
+    pub project_id: String,
+    /// The holder's user.
+    pub user_id: Option<String>,
+    /// Consumer-specific reference.
+    pub holder_ref: String,
+    /// The holder's pod.
+    pub pod: String,
+    /// Whether the resource dies with the pod.
+    pub pod_bound: bool,
+    /// The handler's cleanup data.
+    pub payload: Payload,
+    /// Why it was revoked: `idle`, `pod` or `revoke`.
+    pub reason: String,
+}
+
+impl RevokedHolder {
+    /// The wire form of `h`, revoked for `reason`.
+    pub fn new(h: &HolderRecord, reason: RevocationReason) -> Self {
+        RevokedHolder {
+            token: h.token.clone(),
+            lease_type: h.lease_type.clone(),
+            lease: h.lease.clone(),
+            resource: h.resource.clone(),
+            tenant_id: h.tenant_id.clone(),
+            project_id: h.project_id.clone(),
+            user_id: h.user_id.clone(),
+            holder_ref: h.holder_ref.clone(),
+            pod: h.pod.clone(),
+            pod_bound: h.pod_bound,
+            payload: h.payload.clone(),
+            reason: reason.as_str().to_owned(),
+        }
+    }
+
+    /// The holder record and reason this was made from; `None` for an unknown reason.
+    pub fn into_parts(self) -> Option<(HolderRecord, RevocationReason)> {
+        let reason = match self.reason.as_str() {
+            "idle" => RevocationReason::Idle,
+            "pod" => RevocationReason::Pod,
+            "revoke" => RevocationReason::Revoke,
+            _ => return None,
+        };
+        let h = HolderRecord {
+            token: self.token,
+            lease_type: self.lease_type,
+            lease: self.lease,
+            resource: self.resource,
+            tenant_id: self.tenant_id,
+            project_id: self.project_id,
+            user_id: self.user_id,
+            holder_ref: self.holder_ref,
+            pod: self.pod,
+            pod_bound: self.pod_bound,
+            state: HolderState::Held,
+            levels: Vec::new(),
+            payload: self.payload,
+            ttl_seconds: 0,
+            acquired_at_ms: 0,
+            last_seen_at_ms: 0,
+        };
+        Some((h, reason))
+    }
+}
+
+/// Where a revocation was handled: the dispatcher's decision, for logs and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dispatched {
+    /// The handler ran on this pod (own holder, or a dead pod's non-pod-bound holder).
+    Local,
+    /// Forwarded to the live pod at this endpoint.
+    Forwarded(String),
+    /// The holder's pod is dead and the resource died with it: nothing to clean up.
+    ReleasedOnly,
+    /// No handler is registered for the type (logged).
+    NoHandler,
+}
+
+/// The `LeaseRevocationListener` of the brain.
+#[derive(Debug, Clone)]
+pub struct LeaseRevocationDispatcher {
+    registry: Arc<HandlerRegistry>,
+    liveness: LeasePodLiveness,
+    http: reqwest::Client,
+    internal_secret: String,
+}
+
+impl LeaseRevocationDispatcher {
+    /// A dispatcher over `registry`, deciding by `liveness`, forwarding with `internal_secret`.
+    pub fn new(registry: Arc<HandlerRegistry>, liveness: LeasePodLiveness, internal_secret: String) -> Self {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap_or_default();
+        LeaseRevocationDispatcher { registry, liveness, http, internal_secret }
+    }
+
+    /// Runs the handler of `holder`'s type on this pod.
+    pub async fn run_local(&self, holder: &HolderRecord, reason: RevocationReason) -> Dispatched {
+        let Some(handler) = self.registry.get(&holder.lease_type) else {
+            tracing::warn!(token = %holder.token, lease_type = %holder.lease_type, "no handler for revoked lease");
+            return Dispatched::NoHandler;
+        };
+        if let Err(e) = handler.on_revoked(holder, reason).await {
+            tracing::warn!(token = %holder.token, lease_type = %holder.lease_type, error = %e, "revocation handler failed");
+        }
+        Dispatched::Local
+    }
+
+    /// Decides where `holder`'s revocation is handled and handles it (the matrix of the module docs).
+    pub async fn dispatch(&self, holder: &HolderRecord, reason: RevocationReason) -> Dispatched {
+        if holder.pod == self.liveness.self_pod_id() {
+            return self.run_local(holder, reason).await;
+        }
+        let endpoint = match self.liveness.alive_endpoint(&holder.pod).await {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(pod = %holder.pod, error = %e, "pod liveness unreadable; treating the pod as unreachable");
+                None
+            }
+        };
+        if let Some(endpoint) = endpoint {
+            let url = format!("{}/internal/lease/revoked", endpoint.trim_end_matches('/'));
+            let sent = self
+                .http
+                .post(&url)
+                .header(INTERNAL_SECRET_HEADER, &self.internal_secret)
+                .json(&RevokedHolder::new(holder, reason))
+                .send()
+                .await;
+            match sent {
+                Ok(r) if r.status().is_success() => return Dispatched::Forwarded(endpoint),
+                Ok(r) => {
+                    tracing::warn!(pod = %holder.pod, status = %r.status(), "revocation POST refused; pod unreachable")
+                }
+                Err(e) => tracing::warn!(pod = %holder.pod, error = %e, "revocation POST failed; pod unreachable"),
+            }
+        }
+        if holder.pod_bound {
+            tracing::info!(token = %holder.token, pod = %holder.pod, "holder pod dead; pod-bound resource died with it");
+            Dispatched::ReleasedOnly
+        } else {
+            self.run_local(holder, reason).await
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseRevocationListener for LeaseRevocationDispatcher {
+    async fn on_revoked(&self, holder: HolderRecord, reason: RevocationReason) {
+        let outcome = self.dispatch(&holder, reason).await;
+        tracing::info!(token = %holder.token, pod = %holder.pod, %reason, ?outcome, "revocation dispatched");
+    }
+}
+
+/// The built-in `webhook` type for remote consumers: not pod-bound; its handler POSTs the revocation to the
+/// `callbackUrl` of the lease payload.
+#[derive(Debug, Clone)]
+pub struct WebhookHandler {
+    http: reqwest::Client,
+    pod: String,
+}
+
+impl WebhookHandler {
+    /// The type name.
+    pub const TYPE: &'static str = "webhook";
+
+    /// The handler of the pod `pod` (named as `handledBy` in the callback, for diagnosis).
+    pub fn new(pod: impl Into<String>) -> Self {
+        WebhookHandler { http: reqwest::Client::new(), pod: pod.into() }
+    }
+}
+
+#[async_trait]
+impl LeaseHandler for WebhookHandler {
+    fn lease_type(&self) -> &str {
+        Self::TYPE
+    }
+
+    async fn on_revoked(&self, holder: &HolderRecord, reason: RevocationReason) -> Result<(), String> {
+        let Some(url) = holder.payload.get("callbackUrl").and_then(|v| v.as_str()) else {
+            return Err("webhook lease without callbackUrl in its payload".to_owned());
+        };
+        let body = serde_json::json!({
+            "token": holder.token,
+            "reason": reason.as_str(),
+            "resource": holder.resource,
+            "holderRef": holder.holder_ref,
+            "handledBy": self.pod,
+        });
+        let r = self
+            .http
+            .post(url)
+            .timeout(Duration::from_secs(5))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| format!("callback POST failed: {e}"))?;
+        if r.status().is_success() { Ok(()) } else { Err(format!("callback answered {}", r.status())) }
+    }
+}
