@@ -4,11 +4,20 @@
 # LEASE_TEST_MONGODB_URI, if set, is used as is (e.g. a MongoDB you run yourself).
 # Otherwise a private mongod is started for this run (scripts/mongod.sh) and
 # stopped on exit, whether the tests pass, fail or are interrupted.
+# LEASE_MCP_EVERYTHING (server-everything's entry point for the mcp-client tests),
+# if unset, comes from scripts/mcp-servers.sh, which installs it when missing.
 # Extra arguments go to cargo test, e.g. scripts/test.sh -p lease-brain -- --nocapture
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+
+# The real MCP server the mcp-client tests run against (npm, into .cache/npm/; idempotent).
+if [[ -z ${LEASE_MCP_EVERYTHING:-} ]]; then
+	LEASE_MCP_EVERYTHING=$(scripts/mcp-servers.sh)
+	export LEASE_MCP_EVERYTHING
+fi
+echo "test.sh: LEASE_MCP_EVERYTHING=$LEASE_MCP_EVERYTHING" >&2
 
 if [[ -z ${LEASE_TEST_MONGODB_URI:-} ]]; then
 	# A state dir of our own: never reuse, nor stop, a mongod a developer has

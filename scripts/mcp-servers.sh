@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Install the real MCP servers the mcp-client tests run against.
+#
+#   scripts/mcp-servers.sh            install (idempotent); print the entry point of server-everything
+#   scripts/mcp-servers.sh install    the same
+#   scripts/mcp-servers.sh path       print the entry point if installed, fail otherwise (never installs)
+#
+# server-everything is pinned to an exact version and installed with npm into
+# the git-ignored .cache/npm/. Only the path goes to stdout, so
+# `LEASE_MCP_EVERYTHING=$(scripts/mcp-servers.sh)` works; progress and errors
+# go to stderr.
+#
+# How the entry point starts (node 18+):
+#   node <entry> stdio                     MCP over stdio (the default without an argument)
+#   PORT=<port> node <entry> streamableHttp Streamable HTTP at http://<host>:<port>/mcp (default port 3001,
+#                                          listens on all interfaces); it prints
+#                                          "MCP Streamable HTTP Server listening on port <port>" to stderr.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PREFIX="$ROOT/.cache/npm" # git-ignored via /.cache
+PACKAGE="@modelcontextprotocol/server-everything"
+VERSION="2026.8.31"
+PKGDIR="$PREFIX/node_modules/$PACKAGE"
+ENTRY="$PKGDIR/dist/index.js"
+
+log() { printf 'mcp-servers.sh: %s\n' "$*" >&2; }
+die() {
+	log "ERROR: $*"
+	exit 1
+}
+
+# The version of the installed package, empty if none.
+installed_version() {
+	[[ -f $PKGDIR/package.json && -f $ENTRY ]] || return 0
+	node -e 'process.stdout.write(require(process.argv[1]).version)' "$PKGDIR/package.json" 2>/dev/null || true
+}
+
+install() {
+	command -v node >/dev/null || die "node is not installed (need Node.js 18 or newer, with npm)"
+	command -v npm >/dev/null || die "npm is not installed (need Node.js 18 or newer, with npm)"
+	if [[ $(installed_version) == "$VERSION" ]]; then
+		return 0
+	fi
+	log "installing $PACKAGE@$VERSION into $PREFIX"
+	mkdir -p "$PREFIX"
+	npm install --prefix "$PREFIX" --save-exact --no-audit --no-fund --loglevel=error \
+		"$PACKAGE@$VERSION" >&2
+	[[ $(installed_version) == "$VERSION" ]] || die "npm install left no $PACKAGE@$VERSION in $PKGDIR"
+}
+
+case "${1:-install}" in
+install)
+	install
+	printf '%s\n' "$ENTRY"
+	;;
+path)
+	[[ $(installed_version) == "$VERSION" ]] || die "$PACKAGE@$VERSION is not installed; run scripts/mcp-servers.sh"
+	printf '%s\n' "$ENTRY"
+	;;
+*)
+	die "unknown command '$1' (use: install | path)"
+	;;
+esac
