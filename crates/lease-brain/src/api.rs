@@ -103,6 +103,40 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/leases/{token}", delete(release))
         .route("/internal/lease/revoked", post(revoked))
         .route("/internal/lease/admin/revoke", post(admin_revoke))
+        .route("/internal/documents/changed", post(documents_changed))
+        .route("/internal/documents", put(write_document))
+}
+
+async fn documents_changed(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    internal(&state, &headers)?;
+    let change: lease_shared::DocumentChanged = body(&bytes)?;
+    state.definitions.invalidate(&change);
+    Ok(Json(json!({ "status": "ok" })))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct DocumentBody {
+    tenant_id: String,
+    project_id: String,
+    path: String,
+    content: String,
+}
+
+/// Writes a config document (operator): drops this pod's affected cache entries and tells every live pod.
+async fn write_document(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    internal(&state, &headers)?;
+    let d: DocumentBody = body(&bytes)?;
+    state.definitions.put_document(&d.tenant_id, &d.project_id, &d.path, &d.content).await?;
+    Ok(Json(json!({ "status": "written" })))
 }
 
 fn claims(state: &AppState, headers: &HeaderMap) -> Result<Claims, ApiError> {

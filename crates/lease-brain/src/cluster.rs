@@ -29,6 +29,8 @@ pub trait ClusterStore: Send + Sync + std::fmt::Debug + 'static {
     /// The endpoint of `pod` if it is not stopped, has an endpoint and heartbeat within `staleness` of store
     /// time.
     async fn live_endpoint(&self, pod: &str, staleness: Duration) -> Result<Option<String>, StoreError>;
+    /// Every live pod (same criterion as [`Self::live_endpoint`]) with its endpoint.
+    async fn live_pods(&self, staleness: Duration) -> Result<Vec<(String, String)>, StoreError>;
 }
 
 /// The MongoDB pod registry.
@@ -91,6 +93,21 @@ impl ClusterStore for MongoClusterStore {
         let found = self.pods.find_one(filter).await.map_err(err("live_endpoint"))?;
         Ok(found.and_then(|d| d.get_str("endpoint").ok().map(str::to_owned)))
     }
+
+    async fn live_pods(&self, staleness: Duration) -> Result<Vec<(String, String)>, StoreError> {
+        use futures_util::TryStreamExt;
+        let filter = doc! {
+            "stopped": false,
+            "endpoint": { "$type": "string" },
+            "$expr": { "$gt": ["$heartbeatAt", { "$subtract": ["$$NOW", staleness.as_millis() as i64] }] },
+        };
+        let docs: Vec<Document> =
+            self.pods.find(filter).await.map_err(err("live_pods"))?.try_collect().await.map_err(err("live_pods"))?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| Some((d.get_str("_id").ok()?.to_owned(), d.get_str("endpoint").ok()?.to_owned())))
+            .collect())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -151,6 +168,16 @@ impl ClusterStore for MemoryClusterStore {
             .filter(|p| !p.stopped && p.heartbeat_ms > now - staleness.as_millis() as i64)
             .map(|p| p.endpoint.clone()))
     }
+
+    async fn live_pods(&self, staleness: Duration) -> Result<Vec<(String, String)>, StoreError> {
+        let now = self.clock.now_ms();
+        Ok(self
+            .pods()
+            .iter()
+            .filter(|(_, p)| !p.stopped && p.heartbeat_ms > now - staleness.as_millis() as i64)
+            .map(|(id, p)| (id.clone(), p.endpoint.clone()))
+            .collect())
+    }
 }
 
 /// This pod's membership: registration, heartbeat, stop, and endpoint resolution of other pods.
@@ -186,6 +213,13 @@ impl ClusterService {
     /// Marks this pod stopped.
     pub async fn mark_stopped(&self) -> Result<(), StoreError> {
         self.store.mark_stopped(&self.self_pod).await
+    }
+
+    /// Every other live pod with its endpoint (for fan-outs).
+    pub async fn live_peers(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let mut pods = self.store.live_pods(self.staleness).await?;
+        pods.retain(|(id, _)| *id != self.self_pod);
+        Ok(pods)
     }
 
     /// The endpoint of `pod` if it is alive by the registry (not stopped, not stale, endpoint known). The own
@@ -224,5 +258,13 @@ impl LeasePodLiveness {
     /// This pod's id.
     pub fn self_pod_id(&self) -> &str {
         self.cluster.self_pod_id()
+    }
+}
+
+#[async_trait]
+impl lease_shared::PodLiveness for LeasePodLiveness {
+    async fn is_alive(&self, pod: &str) -> bool {
+        // Unsure (registry unreadable) counts as alive: nobody loses their leases over a store outage.
+        LeasePodLiveness::is_alive(self, pod).await.unwrap_or(true)
     }
 }

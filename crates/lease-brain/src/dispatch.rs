@@ -258,3 +258,45 @@ impl LeaseHandler for WebhookHandler {
         if r.status().is_success() { Ok(()) } else { Err(format!("callback answered {}", r.status())) }
     }
 }
+
+/// Tells every other live pod about a config document change (`POST /internal/documents/changed`), so that
+/// their caches drop the affected definitions. Awaited on the writer's path, each POST bounded by a timeout: when
+/// a write through the brain returns, every reachable pod has dropped its stale entries.
+#[derive(Debug, Clone)]
+pub struct DocumentChangeFanout {
+    cluster: crate::cluster::ClusterService,
+    http: reqwest::Client,
+    internal_secret: String,
+}
+
+impl DocumentChangeFanout {
+    /// A fan-out to the live peers of `cluster`.
+    pub fn new(cluster: crate::cluster::ClusterService, internal_secret: String) -> Self {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().unwrap_or_default();
+        DocumentChangeFanout { cluster, http, internal_secret }
+    }
+}
+
+#[async_trait]
+impl lease_shared::DocumentChangeListener for DocumentChangeFanout {
+    async fn on_changed(&self, change: &lease_shared::DocumentChanged) {
+        let peers = match self.cluster.live_peers().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "pod registry unreadable; other pods learn of the change at their cache max age");
+                return;
+            }
+        };
+        let posts = peers.iter().map(|(pod, endpoint)| async move {
+            let url = format!("{}/internal/documents/changed", endpoint.trim_end_matches('/'));
+            let sent =
+                self.http.post(&url).header(INTERNAL_SECRET_HEADER, &self.internal_secret).json(change).send().await;
+            match sent {
+                Ok(r) if r.status().is_success() => {}
+                Ok(r) => tracing::warn!(%pod, status = %r.status(), "document change refused by pod"),
+                Err(e) => tracing::warn!(%pod, error = %e, "document change not delivered to pod"),
+            }
+        });
+        futures_util::future::join_all(posts).await;
+    }
+}

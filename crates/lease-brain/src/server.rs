@@ -9,7 +9,10 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use lease_shared::{LeaseDefinition, LeaseStore, MemoryStore, MongoStore, ResourceLeaseService, StaticDefinitions};
+use lease_shared::{
+    Classpath, DocumentStore, LayeredDefinitions, LeaseDefinition, LeaseStore, MemoryDocumentStore, MemoryStore,
+    MongoDocumentStore, MongoStore, ResourceLeaseService,
+};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -17,7 +20,7 @@ use tokio::sync::watch;
 use crate::auth::JwtKeys;
 use crate::cluster::{ClusterService, ClusterStore, LeasePodLiveness, MemoryClusterStore, MongoClusterStore};
 use crate::config::BrainConfig;
-use crate::dispatch::{HandlerRegistry, LeaseRevocationDispatcher, WebhookHandler};
+use crate::dispatch::{DocumentChangeFanout, HandlerRegistry, LeaseRevocationDispatcher, WebhookHandler};
 
 /// Why the brain could not start.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,8 @@ pub enum StartError {
 pub struct AppState {
     /// The lease service.
     pub leases: ResourceLeaseService,
+    /// The layered definitions and their cache (document writes and change events).
+    pub definitions: Arc<LayeredDefinitions>,
     /// The revocation dispatcher (for `/internal/lease/revoked`).
     pub dispatcher: LeaseRevocationDispatcher,
     /// Verifies lease API tokens; `None` disables the lease API.
@@ -96,21 +101,43 @@ pub fn bundled_definitions() -> Result<Vec<LeaseDefinition>, StartError> {
         .collect()
 }
 
+/// The stores of one brain.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    /// Holders and counters.
+    pub leases: Arc<dyn LeaseStore>,
+    /// The pod registry.
+    pub cluster: Arc<dyn ClusterStore>,
+    /// Config documents.
+    pub documents: Arc<dyn DocumentStore>,
+}
+
 /// The stores of one brain: MongoDB if a URI is configured, the embedded in-memory stores otherwise.
-pub async fn open_stores(config: &BrainConfig) -> Result<(Arc<dyn LeaseStore>, Arc<dyn ClusterStore>), StartError> {
+pub async fn open_stores(config: &BrainConfig) -> Result<Stores, StartError> {
     match &config.mongodb_uri {
         Some(uri) => {
             let (client, store) = MongoStore::connect(uri, &config.database).await?;
             store.ensure_indexes().await?;
+            let db = client.database(&config.database);
+            let documents = MongoDocumentStore::new(&db);
+            documents.ensure_indexes().await?;
             tracing::info!(database = %config.database, "lease state in MongoDB");
-            Ok((Arc::new(store), Arc::new(MongoClusterStore::new(&client.database(&config.database)))))
+            Ok(Stores {
+                leases: Arc::new(store),
+                cluster: Arc::new(MongoClusterStore::new(&db)),
+                documents: Arc::new(documents),
+            })
         }
         None => {
             tracing::warn!(
                 "no MongoDB configured (BRAIN_MONGODB_URI): lease state is held in this process only; \
                  run a single brain, or configure MongoDB for several pods"
             );
-            Ok((Arc::new(MemoryStore::default()), Arc::new(MemoryClusterStore::default())))
+            Ok(Stores {
+                leases: Arc::new(MemoryStore::default()),
+                cluster: Arc::new(MemoryClusterStore::default()),
+                documents: Arc::new(MemoryDocumentStore::default()),
+            })
         }
     }
 }
@@ -125,11 +152,11 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
             None
         }
     };
-    let (store, cluster_store) = open_stores(&config).await?;
+    let stores = open_stores(&config).await?;
     let listener = TcpListener::bind(config.listen).await?;
     let local = listener.local_addr()?;
     let endpoint = config.advertised_endpoint.clone().unwrap_or_else(|| format!("http://{local}"));
-    let cluster = ClusterService::new(cluster_store, config.pod_id.clone(), endpoint, config.heartbeat_staleness);
+    let cluster = ClusterService::new(stores.cluster, config.pod_id.clone(), endpoint, config.heartbeat_staleness);
     cluster.register().await?;
     let liveness = LeasePodLiveness::new(cluster.clone());
 
@@ -137,12 +164,18 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
     registry.register(Arc::new(WebhookHandler::new(config.pod_id.clone())));
     let registry = Arc::new(registry);
     let dispatcher = LeaseRevocationDispatcher::new(registry.clone(), liveness, config.internal_secret.clone());
-    let definitions = Arc::new(StaticDefinitions::new(bundled_definitions()?));
-    let leases = ResourceLeaseService::new(store, definitions, registry, Some(Arc::new(dispatcher.clone())));
+    bundled_definitions()?;
+    let fanout = DocumentChangeFanout::new(cluster.clone(), config.internal_secret.clone());
+    let definitions = Arc::new(
+        LayeredDefinitions::new(stores.documents).with_classpath(Classpath::bundled()).with_listener(Arc::new(fanout)),
+    );
+    let leases =
+        ResourceLeaseService::new(stores.leases, definitions.clone(), registry, Some(Arc::new(dispatcher.clone())));
 
     let ready = Arc::new(AtomicBool::new(true));
     let state = AppState {
         leases,
+        definitions,
         dispatcher,
         jwt: config.jwt_secret.as_deref().map(JwtKeys::new),
         internal_secret: config.internal_secret.clone(),

@@ -369,3 +369,47 @@ async fn dead_pod_bound_holder_is_released_only() {
     holder.pod_bound = true;
     assert_eq!(dispatcher.dispatch(&holder, RevocationReason::Idle).await, Dispatched::Local, "own pod is alive");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn config_change_posted_to_one_pod_changes_the_caps_of_the_next_acquire_on_another() {
+    let (uri, db) = test_database("api_config").await;
+    let mut a = Pod::start(&uri, db.name(), "pod-a").await;
+    let mut b = Pod::start(&uri, db.name(), "pod-b").await;
+    let http = reqwest::Client::new();
+    let (callback, _) = callback_server().await;
+    let bearer = token("t1", "u1");
+    let tex = |project: &str| json!({ "type": "webhook", "lease": "tex", "projectId": project, "payload": { "callbackUrl": callback } });
+    // The bundled tex definition caps a project at 1; B caches it with its first acquire.
+    let first = acquire(&http, &b.base, &bearer, tex("p1")).await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.json::<Value>().await.unwrap()["levels"]["project"], 1);
+
+    // The tenant raises its project cap to 2 and waits no longer than 0 ms — written through pod A.
+    let write = http
+        .put(format!("{}/internal/documents", a.base))
+        .header("x-vance-internal-secret", INTERNAL_SECRET)
+        .json(&json!({
+            "tenantId": "t1", "projectId": "_tenant", "path": "_vance/config/lease/tex.yaml",
+            "content": "name: tex\nlevels:\n  project: 2\nwaitMs: 0\n",
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(write.status(), 200);
+    let second = acquire(&http, &b.base, &bearer, tex("p1")).await;
+    assert_eq!(second.status(), 201, "pod B still used its cached cap of 1");
+    assert_eq!(second.json::<Value>().await.unwrap()["levels"]["project"], 2);
+    let third = acquire(&http, &b.base, &bearer, tex("p1")).await;
+    assert_eq!(third.status(), 429, "the new cap of 2 binds, with the new waitMs of 0");
+
+    let unauthorized = http
+        .post(format!("{}/internal/documents/changed", b.base))
+        .json(&json!({ "tenant": "t1", "project": "_tenant", "path": "_vance/config/lease/tex.yaml" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthorized.status(), 401);
+    a.stop().await;
+    b.stop().await;
+    let _ = db.drop().await;
+}

@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lease_shared::store::{COUNTERS, HOLDERS};
+use lease_shared::store::{COUNTERS, CounterKey, DeleteCondition, HOLDERS, NewHolder};
 use lease_shared::{
-    LeaseDefinition, LeaseError, LeaseRef, LeaseRequest, LeaseStore, MongoStore, ResourceLeaseService,
+    LeaseDefinition, LeaseError, LeaseRef, LeaseRequest, LeaseStore, Level, MongoStore, Payload, ResourceLeaseService,
     StaticDefinitions,
 };
 use mongodb::bson::{Document, doc};
@@ -101,21 +101,46 @@ struct Monitor {
     recording: AtomicBool,
     /// `<collection>.<command>` of every counted command since the last `take`.
     log: Mutex<Vec<String>>,
+    /// The driver-measured durations (send to parsed reply) of those commands, summed.
+    in_commands: Mutex<Duration>,
     /// Whether holder inserts are attributed to their `holderRef`.
     tracking: AtomicBool,
     /// `holderRef` → holder inserts: one per pass through the funnel, so more than one means the acquisition
     /// found a level full and waited.
     attempts: Mutex<HashMap<String, u32>>,
+    /// `<collection>.<command>` → how many were sent while tracking.
+    tally: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Monitor {
     fn on_event(&self, event: CommandEvent) {
-        let CommandEvent::Started(started) = event else { return };
+        let started = match event {
+            CommandEvent::Started(started) => started,
+            CommandEvent::Succeeded(e) => return self.finished(&e.command_name, e.duration),
+            CommandEvent::Failed(e) => return self.finished(&e.command_name, e.duration),
+            _ => return,
+        };
         if IGNORED_COMMANDS.iter().any(|c| started.command_name.eq_ignore_ascii_case(c)) {
             return;
         }
         // The first field of a command names its collection (`{update: "<collection>", ...}`).
         let collection = started.command.iter().next().and_then(|(_, v)| v.as_str()).unwrap_or("-");
+        let short = match collection {
+            HOLDERS => "holders",
+            COUNTERS => "counters",
+            other => other,
+        };
+        // An update's flavour: `update` (one document), `upsert`, `update-many`.
+        let first_update = started.command.get_array("updates").ok().and_then(|u| u.first()?.as_document());
+        let name = match first_update {
+            Some(u) if u.get_bool("upsert").unwrap_or(false) => "upsert",
+            Some(u) if u.get_bool("multi").unwrap_or(false) => "update-many",
+            _ => started.command_name.as_str(),
+        };
+        let label = format!("{short}.{name}");
+        if self.tracking.load(Ordering::Relaxed) {
+            *self.tally.lock().expect("tally lock").entry(label.clone()).or_default() += 1;
+        }
         if self.tracking.load(Ordering::Relaxed) && started.command_name == "update" && collection == HOLDERS {
             let refs = holder_inserts(&started.command);
             if !refs.is_empty() {
@@ -126,18 +151,22 @@ impl Monitor {
             }
         }
         if self.recording.load(Ordering::Relaxed) {
-            let short = match collection {
-                HOLDERS => "holders",
-                COUNTERS => "counters",
-                other => other,
-            };
-            self.log.lock().expect("log lock").push(format!("{short}.{}", started.command_name));
+            self.log.lock().expect("log lock").push(label);
         }
     }
 
-    /// The commands logged since the last call.
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.log.lock().expect("log lock"))
+    fn finished(&self, command_name: &str, duration: Duration) {
+        if self.recording.load(Ordering::Relaxed)
+            && !IGNORED_COMMANDS.iter().any(|c| command_name.eq_ignore_ascii_case(c))
+        {
+            *self.in_commands.lock().expect("duration lock") += duration;
+        }
+    }
+
+    /// The commands logged since the last call, and the time spent in them.
+    fn take(&self) -> (Vec<String>, Duration) {
+        let log = std::mem::take(&mut *self.log.lock().expect("log lock"));
+        (log, std::mem::take(&mut *self.in_commands.lock().expect("duration lock")))
     }
 }
 
@@ -182,6 +211,13 @@ fn request(lease: &str, holder_ref: String, pod: &str) -> LeaseRequest {
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1]
+}
+
+/// The 1/5/15-minute load averages: other work on the machine skews every figure.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".to_owned())
 }
 
 fn ms(d: Duration) -> f64 {
@@ -232,6 +268,7 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
     println!();
     println!("lease-bench — database {name}");
     println!("machine: nproc {nproc} · {cpu_model} · mongod {mongod_version} at {hosts} (single node, same host)");
+    println!("load average at start: {}", loadavg());
     println!();
 
     // Clients: plain ones for every timing, monitored ones for counting.
@@ -258,77 +295,107 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
     }
     let (rt_p50, rt_p99) = p50_p99(raw_samples);
 
-    // 2. Round trips per operation, counted.
+    // 2. Round trips per operation, counted (and, as a diagnosis, how much of the wall time the driver spent inside
+    // those commands).
     let counted = service(&counted_client, &name, &defs);
-    let mut counts: BTreeMap<String, (Vec<usize>, Vec<String>)> = BTreeMap::new();
-    for (lease, tag) in [(DEF_3_LEVELS.0, "3"), (DEF_HOT_64.0, "1")] {
-        for i in 0..WARMUP_OPS / 10 {
-            let l = counted.acquire(request(lease, format!("warm{i}"), "pod-counted")).await?;
-            l.check().await?;
-            l.release().await?;
+    let counted_raw: Collection<Document> = counted_client.database(&name).collection("bench_raw");
+    let mut counts: BTreeMap<String, Counted> = BTreeMap::new();
+    let mut record = |key: String, wall: Duration, (log, in_commands): (Vec<String>, Duration)| {
+        let entry = counts.entry(key).or_default();
+        entry.round_trips.push(log.len());
+        entry.wall.push(wall);
+        entry.in_commands.push(in_commands);
+        if entry.commands.is_empty() {
+            entry.commands = log;
         }
-        monitor.recording.store(true, Ordering::SeqCst);
+    };
+    monitor.recording.store(true, Ordering::SeqCst);
+    for i in 0..WARMUP_OPS + COUNT_ITERS {
         monitor.take();
-        for i in 0..COUNT_ITERS {
+        let t = Instant::now();
+        counted_raw.update_one(doc! { "_id": "rt" }, doc! { "$inc": { "count": 1_i64 } }).await?;
+        let wall = t.elapsed();
+        if i >= WARMUP_OPS {
+            record("raw".to_owned(), wall, monitor.take());
+        }
+    }
+    for (lease, tag) in [(DEF_3_LEVELS.0, "3"), (DEF_HOT_64.0, "1")] {
+        for i in 0..WARMUP_OPS + COUNT_ITERS {
+            monitor.take();
+            let t0 = Instant::now();
             let l = counted.acquire(request(lease, format!("count{i}"), "pod-counted")).await?;
+            let t1 = Instant::now();
             let acquire = monitor.take();
             l.check().await?;
+            let t2 = Instant::now();
             let check = monitor.take();
             l.release().await?;
+            let t3 = Instant::now();
             let release = monitor.take();
-            for (op, log) in [("acquire", acquire), ("check", check), ("release", release)] {
-                let entry = counts.entry(format!("{tag}/{op}")).or_default();
-                entry.0.push(log.len());
-                if entry.1.is_empty() {
-                    entry.1 = log;
-                }
+            if i >= WARMUP_OPS {
+                record(format!("{tag}/acquire"), t1 - t0, acquire);
+                record(format!("{tag}/check"), t2 - t1, check);
+                record(format!("{tag}/release"), t3 - t2, release);
             }
         }
-        monitor.recording.store(false, Ordering::SeqCst);
     }
-    let rt = |key: &str| -> (usize, usize, String) {
-        let (n, log) = &counts[key];
-        let min = n.iter().copied().min().unwrap_or(0);
-        let max = n.iter().copied().max().unwrap_or(0);
-        let mut by_cmd: BTreeMap<&str, usize> = BTreeMap::new();
-        for c in log {
-            *by_cmd.entry(c.as_str()).or_default() += 1;
-        }
-        let breakdown = by_cmd.iter().map(|(c, n)| format!("{c}×{n}")).collect::<Vec<_>>().join(" + ");
-        (min, max, breakdown)
-    };
-    let shown = |(min, max, _): &(usize, usize, String)| {
-        if min == max { format!("{min}") } else { format!("{min}–{max}") }
-    };
+    monitor.recording.store(false, Ordering::SeqCst);
     println!("[1] raw round trip: update_one {{_id}} $inc, {RAW_OPS} sequential ops after {WARMUP_OPS} warm-up");
     println!("    p50 {:.3} ms   p99 {:.3} ms", ms(rt_p50), ms(rt_p99));
     println!();
     println!(
-        "[2] round trips per op, counted by a command monitor (CommandStarted, handshake/monitoring ignored), \
-         {COUNT_ITERS} uncontended iterations, counters pre-created"
+        "[2] round trips per op, counted by a command monitor (CommandStarted; handshake/monitoring ignored), \
+         {COUNT_ITERS} uncontended sequential iterations after {WARMUP_OPS} warm-up, counters pre-created; \
+         monitored client: wall p50 and p50 of the time the driver spent inside the op's commands"
     );
-    println!("    {:<26} {:>8} {:>8}  commands", "definition / op", "counted", "expected");
-    let expected =
-        [("3/acquire", 7), ("3/check", 1), ("3/release", 2), ("1/acquire", 3), ("1/check", 1), ("1/release", 2)];
+    println!(
+        "    {:<26} {:>7} {:>8} {:>9} {:>9}  commands",
+        "definition / op", "counted", "expected", "wall p50", "in cmds"
+    );
+    let expected = [
+        ("raw", 1),
+        ("3/acquire", 7),
+        ("3/check", 1),
+        ("3/release", 2),
+        ("1/acquire", 3),
+        ("1/check", 1),
+        ("1/release", 2),
+    ];
     for (key, exp) in expected {
-        let r = rt(key);
+        let c = &counts[key];
         let label = match key.split_once('/') {
             Some(("3", op)) => format!("3 levels (bench) {op}"),
             Some((_, op)) => format!("1 level (hot64)  {op}"),
-            None => key.to_owned(),
+            None => "raw update_one $inc".to_owned(),
         };
-        let flag = if r.0 == exp && r.1 == exp { "" } else { "  <-- differs" };
-        println!("    {label:<26} {:>8} {exp:>8}  {}{flag}", shown(&r), r.2);
+        let flag = if c.min() == exp && c.max() == exp { "" } else { "  <-- differs" };
+        println!(
+            "    {label:<26} {:>7} {exp:>8} {:>9.3} {:>9.3}  {}{flag}",
+            c.shown(),
+            ms(p50_p99(c.wall.clone()).0),
+            ms(p50_p99(c.in_commands.clone()).0),
+            c.breakdown()
+        );
     }
-    let acquire_rts = rt("3/acquire").1;
-    let pair_rts = rt("1/acquire").1 + rt("1/release").1;
+    let acquire_rts = counts["3/acquire"].max();
+    let pair_rts = counts["1/acquire"].max() + counts["1/release"].max();
     println!();
 
     // 3. Latency, uncontended, sequential, 3 levels.
     let timed = service(&plain[0], &name, &defs);
-    let (mut acq, mut chk, mut rel) =
-        (Vec::with_capacity(LATENCY_ITERS), Vec::with_capacity(LATENCY_ITERS), Vec::with_capacity(LATENCY_ITERS));
+    let (mut acq, mut chk, mut rel, mut control) = (
+        Vec::with_capacity(LATENCY_ITERS),
+        Vec::with_capacity(LATENCY_ITERS),
+        Vec::with_capacity(LATENCY_ITERS),
+        Vec::with_capacity(LATENCY_ITERS),
+    );
     for i in 0..WARMUP_OPS + LATENCY_ITERS {
+        // A control: the raw round trip, interleaved, so that drift of the machine shows.
+        let t = Instant::now();
+        raw.update_one(doc! { "_id": "rt" }, doc! { "$inc": { "count": 1_i64 } }).await?;
+        if i >= WARMUP_OPS {
+            control.push(t.elapsed());
+        }
         let t0 = Instant::now();
         let l = timed.acquire(request(DEF_3_LEVELS.0, format!("lat{i}"), "pod0")).await?;
         let t1 = Instant::now();
@@ -354,7 +421,7 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
             acquire_p50 = p50;
         }
         let ratio = p50.as_secs_f64() / rt_p50.as_secs_f64();
-        println!("    {op:<8} {:>9.3} {:>9.3} {ratio:>12.2} {:>12}", ms(p50), ms(p99), shown(&rt(key)));
+        println!("    {op:<8} {:>9.3} {:>9.3} {ratio:>12.2} {:>12}", ms(p50), ms(p99), counts[key].shown());
     }
     let budget = rt_p50.mul_f64(LATENCY_SLACK * acquire_rts as f64);
     println!(
@@ -365,6 +432,26 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         ms(acquire_p50),
         acquire_p50.as_secs_f64() / rt_p50.as_secs_f64(),
         met(acquire_p50 <= budget)
+    );
+    let (control_p50, _) = p50_p99(control);
+    println!(
+        "    control: the raw round trip interleaved with this loop: p50 {:.3} ms (acquire p50 / it = {:.2} → {})",
+        ms(control_p50),
+        acquire_p50.as_secs_f64() / control_p50.as_secs_f64(),
+        met(acquire_p50 <= control_p50.mul_f64(LATENCY_SLACK * acquire_rts as f64))
+    );
+    let primitives = primitives(&plain[0], &name).await?;
+    println!("    where the time goes: the store primitives alone (MongoStore, 1000 sequential rounds), p50 ms:");
+    println!("      {}", primitives.iter().map(|(n, d)| format!("{n} {:.3}", ms(*d))).collect::<Vec<_>>().join(" · "));
+    let p = |n: &str| primitives.iter().find(|(k, _)| *k == n).map_or(Duration::ZERO, |(_, d)| *d);
+    let levels = (acquire_rts.saturating_sub(1) / 2) as u32;
+    let acquire_sum = p("insert_holder") + (p("try_increment") + p("push_level")) * levels;
+    println!(
+        "      acquire as primitives: insert_holder + {levels} × (try_increment + push_level) = {:.3} ms; acquire p50 \
+         {:.3} ms; the service adds {:.3} ms",
+        ms(acquire_sum),
+        ms(acquire_p50),
+        acquire_p50.as_secs_f64() * 1e3 - ms(acquire_sum)
     );
     println!();
 
@@ -379,14 +466,16 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         }
         Ok(())
     })
-    .await?;
+    .await?
+    .0;
     let raw_rate = raw_run.len() as f64 / CONTENTION_WINDOW.as_secs_f64();
 
     let pods: Vec<(ResourceLeaseService, String)> =
         plain.iter().enumerate().map(|(i, c)| (service(c, &name, &defs), format!("pod{i}"))).collect();
     let run64 =
         hammer(pods, |(svc, pod): (ResourceLeaseService, String), task, i| pair(svc, pod, DEF_HOT_64.0, task, i))
-            .await?;
+            .await?
+            .0;
     let pairs64 = run64.iter().filter(|p| p.busy.is_none()).count();
     let busy64 = run64.len() - pairs64;
     let pair_rate = pairs64 as f64 / CONTENTION_WINDOW.as_secs_f64();
@@ -401,9 +490,10 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         pods8.push((service(&c, &name, &defs), format!("pod{i}")));
     }
     tracker.tracking.store(true, Ordering::SeqCst);
-    let run8 =
+    let (run8, total8) =
         hammer(pods8, |(svc, pod): (ResourceLeaseService, String), task, i| pair(svc, pod, DEF_HOT_8.0, task, i))
             .await?;
+    let tally = std::mem::take(&mut *tracker.tally.lock().expect("tally lock"));
     tracker.tracking.store(false, Ordering::SeqCst);
     let attempts = std::mem::take(&mut *tracker.attempts.lock().expect("attempts lock"));
     let pairs8 = run8.iter().filter(|p| p.busy.is_none()).count();
@@ -449,6 +539,12 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         100.0 * waited as f64 / run8.len().max(1) as f64,
         if untracked > 0 { format!(", {untracked} not seen by the monitor") } else { String::new() }
     );
+    let per_pair = |n: u64| n as f64 / total8.max(1) as f64;
+    println!(
+        "    (*) round trips per pair over the whole run ({total8} pairs): {:.1} = {}",
+        per_pair(tally.values().sum()),
+        tally.iter().map(|(c, n)| format!("{c} {:.2}", per_pair(*n))).collect::<Vec<_>>().join(" + ")
+    );
     println!();
 
     // The funnel must leave nothing behind: every counter back at 0, no holder.
@@ -460,7 +556,100 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
     } else {
         println!("consistency: NOT CLEAN: counters ≠ 0: {leftover_counters:?}; holders left: {leftover_holders}");
     }
+    println!("load average at end: {}", loadavg());
     Ok(())
+}
+
+/// p50 of each store primitive of the funnel, called directly on a [`MongoStore`] one after another as a 1-level
+/// acquire / check / release would (fresh holder each round, one existing counter).
+async fn primitives(client: &Client, db: &str) -> BenchResult<Vec<(&'static str, Duration)>> {
+    let store = MongoStore::new(&client.database(db));
+    let key = CounterKey::for_level("primitives", Level::Global, "t1", "p1", None).ok_or("no counter key")?;
+    store.ensure_counter(&key).await?;
+    let id = key.id();
+    let names = ["insert_holder", "try_increment", "push_level", "touch", "delete_holder", "decrement"];
+    let mut samples: Vec<Vec<Duration>> = names.iter().map(|_| Vec::with_capacity(LATENCY_ITERS)).collect();
+    for i in 0..WARMUP_OPS + LATENCY_ITERS {
+        let token = format!("primitive-{i}");
+        let holder = NewHolder {
+            token: token.clone(),
+            lease_type: TYPE.to_owned(),
+            lease: "primitives".to_owned(),
+            resource: "primitives".to_owned(),
+            tenant_id: "t1".to_owned(),
+            project_id: "p1".to_owned(),
+            user_id: Some("u1".to_owned()),
+            holder_ref: format!("h{i}"),
+            pod: "pod0".to_owned(),
+            pod_bound: false,
+            payload: Payload::new(),
+            ttl_seconds: 60,
+        };
+        let mut times = [Duration::ZERO; 6];
+        let t = Instant::now();
+        store.insert_holder(&holder).await?;
+        times[0] = t.elapsed();
+        let t = Instant::now();
+        if !store.try_increment(&key, 1_000_000).await? {
+            return Err("try_increment refused".into());
+        }
+        times[1] = t.elapsed();
+        let t = Instant::now();
+        store.push_level(&token, &id, true).await?;
+        times[2] = t.elapsed();
+        let t = Instant::now();
+        store.touch(&token).await?;
+        times[3] = t.elapsed();
+        let t = Instant::now();
+        let deleted = store.delete_holder(&token, DeleteCondition::Any).await?.ok_or("holder vanished")?;
+        times[4] = t.elapsed();
+        let t = Instant::now();
+        store.decrement(&deleted.levels).await?;
+        times[5] = t.elapsed();
+        if i >= WARMUP_OPS {
+            for (s, t) in samples.iter_mut().zip(times) {
+                s.push(t);
+            }
+        }
+    }
+    Ok(names.into_iter().zip(samples).map(|(n, s)| (n, p50_p99(s).0)).collect())
+}
+
+/// The counted round trips of one operation.
+#[derive(Debug, Default)]
+struct Counted {
+    /// Commands per call.
+    round_trips: Vec<usize>,
+    /// The commands of the first call.
+    commands: Vec<String>,
+    /// Wall time per call.
+    wall: Vec<Duration>,
+    /// Driver-measured time inside the commands, per call.
+    in_commands: Vec<Duration>,
+}
+
+impl Counted {
+    fn min(&self) -> usize {
+        self.round_trips.iter().copied().min().unwrap_or(0)
+    }
+
+    fn max(&self) -> usize {
+        self.round_trips.iter().copied().max().unwrap_or(0)
+    }
+
+    /// `7`, or `6–8` when the calls differed.
+    fn shown(&self) -> String {
+        if self.min() == self.max() { self.min().to_string() } else { format!("{}–{}", self.min(), self.max()) }
+    }
+
+    /// `counters.update×3 + holders.update×4`.
+    fn breakdown(&self) -> String {
+        let mut by_command: BTreeMap<&str, usize> = BTreeMap::new();
+        for c in &self.commands {
+            *by_command.entry(c.as_str()).or_default() += 1;
+        }
+        by_command.iter().map(|(c, n)| format!("{c}×{n}")).collect::<Vec<_>>().join(" + ")
+    }
 }
 
 /// One acquire + release of a contention run.
@@ -487,9 +676,9 @@ async fn pair(svc: ResourceLeaseService, pod: String, lease: &str, task: usize, 
 }
 
 /// Runs `op` in a loop on `TASKS` tasks (task `k` on `targets[k % targets.len()]`) for the ramp-up plus the window;
-/// returns the outputs of the operations that completed inside the window. No task starts an operation after the
-/// window; one in flight at its end finishes uncounted.
-async fn hammer<T, F, Fut, O>(targets: Vec<T>, op: F) -> BenchResult<Vec<O>>
+/// returns the outputs of the operations that completed inside the window, and how many completed in the whole run.
+/// No task starts an operation after the window; one in flight at its end finishes uncounted.
+async fn hammer<T, F, Fut, O>(targets: Vec<T>, op: F) -> BenchResult<(Vec<O>, u64)>
 where
     T: Clone + Send + Sync + 'static,
     F: Fn(T, usize, u64) -> Fut + Send + Sync + 'static,
@@ -506,7 +695,7 @@ where
         let op = op.clone();
         handles.push(tokio::spawn(async move {
             let mut done = Vec::new();
-            let mut i = 0;
+            let mut i: u64 = 0;
             while Instant::now() < until {
                 let out = op(target.clone(), task, i).await?;
                 i += 1;
@@ -515,12 +704,14 @@ where
                     done.push(out);
                 }
             }
-            Ok::<_, Box<dyn Error + Send + Sync>>(done)
+            Ok::<_, Box<dyn Error + Send + Sync>>((done, i))
         }));
     }
-    let mut all = Vec::new();
+    let (mut all, mut total) = (Vec::new(), 0);
     for h in handles {
-        all.extend(h.await??);
+        let (done, n) = h.await??;
+        all.extend(done);
+        total += n;
     }
-    Ok(all)
+    Ok((all, total))
 }

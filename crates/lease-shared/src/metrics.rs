@@ -31,3 +31,7 @@ pub(crate) fn released(resource: &str, outcome: &'static str) {
 pub(crate) fn reaped(reason: &'static str) {
     metrics::counter!(REAP_TOTAL, "reason" => reason).increment(1);
 }
+
+pub(crate) fn reconciled(outcome: &'static str) {
+    metrics::counter!(RECONCILE_TOTAL, "outcome" => outcome).increment(1);
+}

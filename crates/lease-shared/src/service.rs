@@ -167,6 +167,8 @@ pub fn inline_definition(tenant: &str, project: &str, doc: &DefinitionDocument) 
         ));
     }
     let name = doc.name.as_deref().ok_or_else(|| LeaseError::invalid("name", "an inline definition needs a name"))?;
+    // A document built in code has not been through `DefinitionDocument::parse`.
+    validate_name("name", name).map_err(|e| LeaseError::invalid(e.field, e.problem))?;
     let mut def = LeaseDefinition::from_document(doc.clone());
     def.resource = format!("{INLINE_RESOURCE_PREFIX}{tenant}/{project}/{name}");
     Ok(def)

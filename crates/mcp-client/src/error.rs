@@ -66,7 +66,7 @@ pub enum McpError {
         /// The error message.
         message: String,
         /// The error's `data`, if any.
-        data: Option<serde_json::Value>,
+        data: Option<Box<serde_json::Value>>,
     },
     /// No response arrived in time.
     #[error("no response to {method} within {timeout:?}")]

@@ -3,6 +3,7 @@
 //! twin.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -56,6 +57,19 @@ impl Clock for ManualClock {
 struct State {
     holders: HashMap<String, HolderRecord>,
     counters: HashMap<String, CounterRecord>,
+    /// Insertion sequence of each holder: listings come out in insertion order, so that a simulation replays
+    /// the same way from the same seed although tokens are random.
+    seq: HashMap<String, u64>,
+    next_seq: u64,
+}
+
+impl State {
+    /// Holders matching `keep`, in insertion order.
+    fn holders_where(&self, keep: impl Fn(&HolderRecord) -> bool) -> Vec<&HolderRecord> {
+        let mut found: Vec<&HolderRecord> = self.holders.values().filter(|h| keep(h)).collect();
+        found.sort_by_key(|h| self.seq.get(&h.token).copied().unwrap_or(u64::MAX));
+        found
+    }
 }
 
 /// The in-memory [`LeaseStore`].
@@ -93,7 +107,12 @@ impl MemoryStore {
 impl LeaseStore for MemoryStore {
     async fn insert_holder(&self, h: &NewHolder) -> StoreResult<()> {
         let now = self.clock.now_ms();
-        self.state().holders.entry(h.token.clone()).or_insert_with(|| HolderRecord {
+        let mut state = self.state();
+        let state = &mut *state;
+        let Entry::Vacant(slot) = state.holders.entry(h.token.clone()) else { return Ok(()) };
+        state.seq.insert(h.token.clone(), state.next_seq);
+        state.next_seq += 1;
+        slot.insert(HolderRecord {
             token: h.token.clone(),
             lease_type: h.lease_type.clone(),
             lease: h.lease.clone(),
@@ -130,10 +149,8 @@ impl LeaseStore for MemoryStore {
     async fn ensure_counter(&self, key: &CounterKey) -> StoreResult<()> {
         let now = self.clock.now_ms();
         let id = key.id();
-        let mut state = self.state();
-        let c = state.counters.entry(id.clone()).or_insert(CounterRecord { id, count: 0, updated_at_ms: now });
-        // Like MongoDB's `$currentDate` in the upsert, an existing counter's `updatedAt` moves too.
-        c.updated_at_ms = now;
+        // An existing counter keeps its `updatedAt`: see the trait.
+        self.state().counters.entry(id.clone()).or_insert(CounterRecord { id, count: 0, updated_at_ms: now });
         Ok(())
     }
 
@@ -176,8 +193,13 @@ impl LeaseStore for MemoryStore {
             DeleteCondition::Any => true,
             DeleteCondition::Tenant(t) => h.tenant_id == t,
             DeleteCondition::Idle => Self::is_idle(h, now),
+            DeleteCondition::Pod(p) => h.pod == p,
         });
-        Ok(if matches { state.holders.remove(token) } else { None })
+        if !matches {
+            return Ok(None);
+        }
+        state.seq.remove(token);
+        Ok(state.holders.remove(token))
     }
 
     async fn decrement(&self, counter_ids: &[String]) -> StoreResult<()> {
@@ -194,13 +216,9 @@ impl LeaseStore for MemoryStore {
 
     async fn idle_holders(&self, resource: Option<&str>) -> StoreResult<Vec<String>> {
         let now = self.clock.now_ms();
-        Ok(self
-            .state()
-            .holders
-            .values()
-            .filter(|h| resource.is_none_or(|r| h.resource == r) && Self::is_idle(h, now))
-            .map(|h| h.token.clone())
-            .collect())
+        let state = self.state();
+        let idle = state.holders_where(|h| resource.is_none_or(|r| h.resource == r) && Self::is_idle(h, now));
+        Ok(idle.into_iter().map(|h| h.token.clone()).collect())
     }
 
     async fn occupancy(&self, key: &CounterKey) -> StoreResult<Occupancy> {
@@ -223,16 +241,69 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn holders(&self, resource: Option<&str>) -> StoreResult<Vec<HolderRecord>> {
-        Ok(self.state().holders.values().filter(|h| resource.is_none_or(|r| h.resource == r)).cloned().collect())
+        let state = self.state();
+        Ok(state.holders_where(|h| resource.is_none_or(|r| h.resource == r)).into_iter().cloned().collect())
     }
 
     async fn counters(&self, resource: Option<&str>) -> StoreResult<Vec<CounterRecord>> {
-        Ok(self
+        let mut counters: Vec<CounterRecord> = self
             .state()
             .counters
             .values()
             .filter(|c| resource.is_none_or(|r| CounterKey::parse(&c.id).is_some_and(|k| k.resource == r)))
             .cloned()
-            .collect())
+            .collect();
+        counters.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(counters)
+    }
+
+    async fn store_now_ms(&self) -> StoreResult<i64> {
+        Ok(self.clock.now_ms())
+    }
+
+    async fn holder_pods(&self) -> StoreResult<Vec<String>> {
+        let mut pods: Vec<String> = self.state().holders.values().map(|h| h.pod.clone()).collect();
+        pods.sort();
+        pods.dedup();
+        Ok(pods)
+    }
+
+    async fn pod_holders(&self, pod: &str) -> StoreResult<Vec<String>> {
+        let state = self.state();
+        Ok(state.holders_where(|h| h.pod == pod).into_iter().map(|h| h.token.clone()).collect())
+    }
+
+    async fn booked_counts(&self) -> StoreResult<HashMap<String, i64>> {
+        let mut booked = HashMap::new();
+        for h in self.state().holders.values() {
+            for id in &h.levels {
+                *booked.entry(id.clone()).or_insert(0) += 1;
+            }
+        }
+        Ok(booked)
+    }
+
+    async fn set_counter_if_unchanged(&self, expected: &CounterRecord, count: i64) -> StoreResult<bool> {
+        let now = self.clock.now_ms();
+        let mut state = self.state();
+        match state.counters.get_mut(&expected.id) {
+            Some(c) if c.count == expected.count && c.updated_at_ms == expected.updated_at_ms => {
+                c.count = count;
+                c.updated_at_ms = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn delete_counter_if_unchanged(&self, expected: &CounterRecord) -> StoreResult<bool> {
+        let mut state = self.state();
+        match state.counters.get(&expected.id) {
+            Some(c) if c.count == expected.count && c.updated_at_ms == expected.updated_at_ms => {
+                state.counters.remove(&expected.id);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 }

@@ -8,6 +8,8 @@
 mod memory;
 mod mongo;
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
@@ -176,6 +178,8 @@ pub enum DeleteCondition<'a> {
     Tenant(&'a str),
     /// Only if the holder is idle by store time (`lastSeenAt + ttlSeconds < now`): a concurrent touch saves it.
     Idle,
+    /// Only if the holder was acquired by this pod (dead-pod reap, revocation of a pod's holders).
+    Pod(&'a str),
 }
 
 /// The occupancy of one counter, for the diagnosis of `LEASE_BUSY`.
@@ -199,8 +203,10 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug + 'static {
     /// counter. Returns whether a slot was taken.
     async fn try_increment(&self, key: &CounterKey, cap: u32) -> StoreResult<bool>;
 
-    /// Creates the counter with `count: 0` if it does not exist (a pure-`_id` upsert); leaves an existing
-    /// counter's count alone.
+    /// Creates the counter with `count: 0` and `updatedAt` = store time if it does not exist (a pure-`_id`
+    /// upsert); leaves an existing counter alone, its count and its `updatedAt` both. The funnel calls this after
+    /// every refused increment, so a waiter polling a full counter would otherwise keep it "recently changed"
+    /// forever and reconcile could never repair a drifted, contended counter.
     async fn ensure_counter(&self, key: &CounterKey) -> StoreResult<()>;
 
     /// Appends `counter_id` to the holder's `levels`; with `held`, also sets state `HELD` in the same write.
@@ -235,4 +241,25 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Every counter, optionally of one resource.
     async fn counters(&self, resource: Option<&str>) -> StoreResult<Vec<CounterRecord>>;
+
+    /// The store's clock now, in epoch milliseconds: the clock of `lastSeenAt`, `updatedAt` and `$$NOW`.
+    async fn store_now_ms(&self) -> StoreResult<i64>;
+
+    /// The distinct pods that hold (or are acquiring) at least one lease, in a stable order.
+    async fn holder_pods(&self) -> StoreResult<Vec<String>>;
+
+    /// Tokens of the holders acquired by `pod`.
+    async fn pod_holders(&self, pod: &str) -> StoreResult<Vec<String>>;
+
+    /// For every counter `_id` that at least one holder books, the number of holders booking it (the value
+    /// reconcile corrects a counter to). Counters nobody books are absent.
+    async fn booked_counts(&self) -> StoreResult<HashMap<String, i64>>;
+
+    /// Sets the counter's count to `count` (and `updatedAt` to store time) only if its count and `updatedAt` are
+    /// still those of `expected`: reconcile's compare-and-set. Returns whether it wrote.
+    async fn set_counter_if_unchanged(&self, expected: &CounterRecord, count: i64) -> StoreResult<bool>;
+
+    /// Deletes the counter only if its count and `updatedAt` are still those of `expected`. Returns whether it
+    /// deleted.
+    async fn delete_counter_if_unchanged(&self, expected: &CounterRecord) -> StoreResult<bool>;
 }

@@ -3,11 +3,12 @@
 //! Every primitive is exactly one command (one round trip). Time is MongoDB's: `$currentDate` on writes and
 //! `$$NOW` in filters, never the pod's clock.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::TryStreamExt;
-use mongodb::bson::{self, Bson, Document, doc};
+use mongodb::bson::{self, Bson, DateTime, Document, doc};
 use mongodb::options::ClientOptions;
 use mongodb::{Client, Collection, Database, IndexModel};
 
@@ -53,6 +54,7 @@ fn idle_expr() -> Document {
 /// The MongoDB [`LeaseStore`].
 #[derive(Debug, Clone)]
 pub struct MongoStore {
+    database: Database,
     counters: Collection<Document>,
     holders: Collection<Document>,
 }
@@ -60,7 +62,11 @@ pub struct MongoStore {
 impl MongoStore {
     /// A store on `database`. Touches no network: an unreachable server shows up as `LEASE_UNAVAILABLE` on use.
     pub fn new(database: &Database) -> Self {
-        MongoStore { counters: database.collection(COUNTERS), holders: database.collection(HOLDERS) }
+        MongoStore {
+            database: database.clone(),
+            counters: database.collection(COUNTERS),
+            holders: database.collection(HOLDERS),
+        }
     }
 
     /// Parses `uri` and opens a client (lazily connected); a URI without `serverSelectionTimeoutMS` gets 5 s.
@@ -134,6 +140,15 @@ fn resource_filter(resource: Option<&str>) -> Document {
     resource.map_or_else(Document::new, |r| doc! { "resource": r })
 }
 
+/// The compare-and-set filter of reconcile: the counter as it was read, count and `updatedAt` both.
+fn unchanged_filter(expected: &CounterRecord) -> Document {
+    doc! {
+        "_id": &expected.id,
+        "count": expected.count,
+        "updatedAt": DateTime::from_millis(expected.updated_at_ms),
+    }
+}
+
 #[async_trait]
 impl LeaseStore for MongoStore {
     async fn insert_holder(&self, h: &NewHolder) -> StoreResult<()> {
@@ -177,20 +192,21 @@ impl LeaseStore for MongoStore {
     }
 
     async fn ensure_counter(&self, key: &CounterKey) -> StoreResult<()> {
-        // A pure `_id` filter: the server retries the duplicate-key race of concurrent first uses itself.
+        // A pure `_id` filter: the server retries the duplicate-key race of concurrent first uses itself. An update
+        // pipeline, because `$setOnInsert` cannot take `$$NOW` and `$currentDate` would move an existing counter's
+        // `updatedAt` (see the trait): every field is only filled in where missing.
+        let keep_or = |field: &str, value: Bson| doc! { "$ifNull": [format!("${field}"), { "$literal": value }] };
         let r = self
             .counters
             .update_one(
                 doc! { "_id": key.id() },
-                doc! {
-                    "$setOnInsert": {
-                        "resource": &key.resource,
-                        "level": key.level.as_str(),
-                        "scope": &key.scope,
-                        "count": 0_i64,
-                    },
-                    "$currentDate": { "updatedAt": true },
-                },
+                vec![doc! { "$set": {
+                    "resource": keep_or("resource", key.resource.as_str().into()),
+                    "level": keep_or("level", key.level.as_str().into()),
+                    "scope": keep_or("scope", key.scope.as_str().into()),
+                    "count": keep_or("count", 0_i64.into()),
+                    "updatedAt": { "$ifNull": ["$updatedAt", "$$NOW"] },
+                } }],
             )
             .upsert(true)
             .await;
@@ -240,6 +256,9 @@ impl LeaseStore for MongoStore {
                 filter.insert("tenantId", t);
             }
             DeleteCondition::Idle => filter.extend(idle_expr()),
+            DeleteCondition::Pod(p) => {
+                filter.insert("pod", p);
+            }
         }
         let d = self.holders.find_one_and_delete(filter).await.map_err(store_error("delete_holder"))?;
         Ok(d.map(holder_from))
@@ -335,5 +354,73 @@ impl LeaseStore for MongoStore {
                 updated_at_ms: millis(d, "updatedAt"),
             })
             .collect())
+    }
+
+    async fn store_now_ms(&self) -> StoreResult<i64> {
+        // `hello` reports the server's clock (`localTime`): the clock `$currentDate` and `$$NOW` read. It goes to
+        // the primary like every write, needs no collection and no privileges beyond connecting.
+        let reply = self.database.run_command(doc! { "hello": 1 }).await.map_err(store_error("store_now"))?;
+        reply
+            .get_datetime("localTime")
+            .map(|t| t.timestamp_millis())
+            .map_err(|e| StoreError::new("store_now", format!("hello without localTime: {e}")))
+    }
+
+    async fn holder_pods(&self) -> StoreResult<Vec<String>> {
+        let values = self.holders.distinct("pod", doc! {}).await.map_err(store_error("holder_pods"))?;
+        let mut pods: Vec<String> = values.into_iter().filter_map(|v| v.as_str().map(str::to_owned)).collect();
+        pods.sort();
+        Ok(pods)
+    }
+
+    async fn pod_holders(&self, pod: &str) -> StoreResult<Vec<String>> {
+        let docs: Vec<Document> = self
+            .holders
+            .find(doc! { "pod": pod })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(store_error("pod_holders"))?
+            .try_collect()
+            .await
+            .map_err(store_error("pod_holders"))?;
+        Ok(docs.iter().map(|d| text(d, "_id")).collect())
+    }
+
+    async fn booked_counts(&self) -> StoreResult<HashMap<String, i64>> {
+        let pipeline = [
+            doc! { "$project": { "levels": 1 } },
+            doc! { "$unwind": "$levels" },
+            doc! { "$group": { "_id": "$levels", "n": { "$sum": 1 } } },
+        ];
+        let docs: Vec<Document> = self
+            .holders
+            .aggregate(pipeline)
+            .await
+            .map_err(store_error("booked_counts"))?
+            .try_collect()
+            .await
+            .map_err(store_error("booked_counts"))?;
+        Ok(docs.iter().map(|d| (text(d, "_id"), int(d, "n"))).collect())
+    }
+
+    async fn set_counter_if_unchanged(&self, expected: &CounterRecord, count: i64) -> StoreResult<bool> {
+        let r = self
+            .counters
+            .update_one(
+                unchanged_filter(expected),
+                doc! { "$set": { "count": count }, "$currentDate": { "updatedAt": true } },
+            )
+            .await
+            .map_err(store_error("set_counter_if_unchanged"))?;
+        Ok(r.matched_count == 1)
+    }
+
+    async fn delete_counter_if_unchanged(&self, expected: &CounterRecord) -> StoreResult<bool> {
+        let r = self
+            .counters
+            .delete_one(unchanged_filter(expected))
+            .await
+            .map_err(store_error("delete_counter_if_unchanged"))?;
+        Ok(r.deleted_count == 1)
     }
 }

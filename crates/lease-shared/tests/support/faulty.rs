@@ -1,7 +1,10 @@
 //! A wrapping store for tests: counts every primitive call and injects faults after chosen primitives, to
-//! reproduce the crash windows of spec §4 and store errors mid-funnel.
+//! reproduce the crash windows of spec §4 and store errors mid-funnel; crashes the "pod" at a chosen call; and runs
+//! hooks before chosen calls, to interleave other work deterministically at an exact point of an operation.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -9,6 +12,9 @@ use lease_shared::StoreError;
 use lease_shared::store::{
     CounterKey, CounterRecord, DeleteCondition, HolderRecord, LeaseStore, NewHolder, Occupancy, Payload, StoreResult,
 };
+
+/// Work run before a chosen primitive call.
+type Hook = Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 /// When an injected fault strikes relative to the real primitive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,13 +26,32 @@ pub enum Fault {
     After,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Plan {
     calls: HashMap<&'static str, usize>,
     /// (primitive, the 1-based call number that fails, how).
     faults: Vec<(&'static str, usize, Fault)>,
+    /// (primitive, the 1-based call number at which the pod crashes, how that call ends).
+    crashes: Vec<(&'static str, usize, Fault)>,
+    /// (primitive, the 1-based call number before which the hook runs, the hook).
+    hooks: Vec<(&'static str, usize, Hook)>,
+    /// (primitive, the 1-based call number after which the hook runs, the hook).
+    after_hooks: Vec<(&'static str, usize, Hook)>,
     /// Once set, every primitive fails before reaching the store: the pod "crashed".
     dead: bool,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("calls", &self.calls)
+            .field("faults", &self.faults)
+            .field("crashes", &self.crashes)
+            .field("hooks", &self.hooks.len())
+            .field("after_hooks", &self.after_hooks.len())
+            .field("dead", &self.dead)
+            .finish()
+    }
 }
 
 /// The counting, fault-injecting store.
@@ -53,6 +78,55 @@ impl FaultyStore {
         self.plan.lock().unwrap().dead = true;
     }
 
+    /// The pod crashes at the `nth` (1-based, counted from now on) call of `primitive`: that call ends as `fault`
+    /// (`Before`: never reached the store; `After`: applied, then the pod died before hearing back), and every
+    /// later call fails before reaching the store — so nothing the caller would do next (a rollback, a
+    /// decrement) happens. Until [`Self::revive`].
+    pub fn crash_on(&self, primitive: &'static str, nth: usize, fault: Fault) {
+        let mut plan = self.plan.lock().unwrap();
+        let base = plan.calls.get(primitive).copied().unwrap_or(0);
+        plan.crashes.push((primitive, base + nth, fault));
+    }
+
+    /// Runs `hook` to completion right before the `nth` (1-based, counted from now on) call of `primitive` goes
+    /// to the store (or fails): the operation making that call is suspended exactly there meanwhile.
+    pub fn before<F, Fut>(&self, primitive: &'static str, nth: usize, hook: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut plan = self.plan.lock().unwrap();
+        let base = plan.calls.get(primitive).copied().unwrap_or(0);
+        plan.hooks.push((primitive, base + nth, Box::new(move || Box::pin(hook()))));
+    }
+
+    /// Runs `hook` to completion right after the `nth` (1-based, counted from now on) call of `primitive` returned
+    /// (whatever it returned), before its caller sees the result.
+    pub fn after<F, Fut>(&self, primitive: &'static str, nth: usize, hook: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut plan = self.plan.lock().unwrap();
+        let base = plan.calls.get(primitive).copied().unwrap_or(0);
+        plan.after_hooks.push((primitive, base + nth, Box::new(move || Box::pin(hook()))));
+    }
+
+    /// Whether the pod has crashed.
+    pub fn is_crashed(&self) -> bool {
+        self.plan.lock().unwrap().dead
+    }
+
+    /// Drops every planned fault, crash and hook not yet due.
+    pub fn clear_plan(&self) {
+        let mut plan = self.plan.lock().unwrap();
+        plan.faults.clear();
+        plan.crashes.clear();
+        plan.hooks.clear();
+        plan.after_hooks.clear();
+    }
+
+    /// The pod is back (e.g. restarted): primitives reach the store again.
     pub fn revive(&self) {
         self.plan.lock().unwrap().dead = false;
     }
@@ -67,17 +141,35 @@ impl FaultyStore {
         self.plan.lock().unwrap().calls.get(primitive).copied().unwrap_or(0)
     }
 
-    fn enter(&self, primitive: &'static str) -> Option<Fault> {
-        let mut plan = self.plan.lock().unwrap();
-        let n = {
-            let c = plan.calls.entry(primitive).or_insert(0);
-            *c += 1;
-            *c
+    fn take_due(hooks: &mut Vec<(&'static str, usize, Hook)>, primitive: &str, n: usize) -> Vec<Hook> {
+        let (due, rest): (Vec<_>, Vec<_>) =
+            std::mem::take(hooks).into_iter().partition(|(p, at, _)| *p == primitive && *at == n);
+        *hooks = rest;
+        due.into_iter().map(|(_, _, h)| h).collect()
+    }
+
+    async fn enter(&self, primitive: &'static str) -> (usize, Option<Fault>) {
+        let (n, hooks) = {
+            let mut plan = self.plan.lock().unwrap();
+            let n = {
+                let c = plan.calls.entry(primitive).or_insert(0);
+                *c += 1;
+                *c
+            };
+            (n, Self::take_due(&mut plan.hooks, primitive, n))
         };
-        if plan.dead {
-            return Some(Fault::Before);
+        for hook in hooks {
+            hook().await;
         }
-        plan.faults.iter().find(|(p, at, _)| *p == primitive && *at == n).map(|(_, _, f)| *f)
+        let mut plan = self.plan.lock().unwrap();
+        if plan.dead {
+            return (n, Some(Fault::Before));
+        }
+        if let Some(&(_, _, fault)) = plan.crashes.iter().find(|(p, at, _)| *p == primitive && *at == n) {
+            plan.dead = true;
+            return (n, Some(fault));
+        }
+        (n, plan.faults.iter().find(|(p, at, _)| *p == primitive && *at == n).map(|(_, _, f)| *f))
     }
 
     async fn run<T: Send>(
@@ -85,14 +177,20 @@ impl FaultyStore {
         primitive: &'static str,
         op: impl std::future::Future<Output = StoreResult<T>> + Send,
     ) -> StoreResult<T> {
-        match self.enter(primitive) {
+        let (n, fault) = self.enter(primitive).await;
+        let result = match fault {
             None => op.await,
             Some(Fault::Before) => Err(StoreError::new(primitive, "injected fault before the store")),
             Some(Fault::After) => {
                 let _ = op.await;
                 Err(StoreError::new(primitive, "injected fault after the store applied"))
             }
+        };
+        let hooks = Self::take_due(&mut self.plan.lock().unwrap().after_hooks, primitive, n);
+        for hook in hooks {
+            hook().await;
         }
+        result
     }
 }
 
@@ -136,5 +234,23 @@ impl LeaseStore for FaultyStore {
     }
     async fn counters(&self, resource: Option<&str>) -> StoreResult<Vec<CounterRecord>> {
         self.run("counters", self.inner.counters(resource)).await
+    }
+    async fn store_now_ms(&self) -> StoreResult<i64> {
+        self.run("store_now_ms", self.inner.store_now_ms()).await
+    }
+    async fn holder_pods(&self) -> StoreResult<Vec<String>> {
+        self.run("holder_pods", self.inner.holder_pods()).await
+    }
+    async fn pod_holders(&self, pod: &str) -> StoreResult<Vec<String>> {
+        self.run("pod_holders", self.inner.pod_holders(pod)).await
+    }
+    async fn booked_counts(&self) -> StoreResult<HashMap<String, i64>> {
+        self.run("booked_counts", self.inner.booked_counts()).await
+    }
+    async fn set_counter_if_unchanged(&self, expected: &CounterRecord, count: i64) -> StoreResult<bool> {
+        self.run("set_counter_if_unchanged", self.inner.set_counter_if_unchanged(expected, count)).await
+    }
+    async fn delete_counter_if_unchanged(&self, expected: &CounterRecord) -> StoreResult<bool> {
+        self.run("delete_counter_if_unchanged", self.inner.delete_counter_if_unchanged(expected)).await
     }
 }
