@@ -71,7 +71,12 @@ pub(crate) struct RpcErrorBody {
 
 impl RpcErrorBody {
     pub(crate) fn into_error(self, method: &str) -> McpError {
-        McpError::Rpc { method: method.to_owned(), code: self.code, message: self.message, data: self.data.map(Box::new) }
+        McpError::Rpc {
+            method: method.to_owned(),
+            code: self.code,
+            message: self.message,
+            data: self.data.map(Box::new),
+        }
     }
 }
 
