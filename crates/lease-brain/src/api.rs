@@ -103,6 +103,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/leases/{token}", delete(release))
         .route("/internal/lease/revoked", post(revoked))
         .route("/internal/lease/admin/revoke", post(admin_revoke))
+        .route("/internal/lease/admin/revoke-pod", post(admin_revoke_pod))
+        .route("/internal/lease/admin/sweep", post(admin_sweep))
         .route("/internal/documents/changed", post(documents_changed))
         .route("/internal/documents", put(write_document))
 }
@@ -278,4 +280,35 @@ async fn admin_revoke(
     let b: RevokeBody = body(&bytes)?;
     let holder = state.leases.reaper().revoke(&b.token, b.tenant_id.as_deref()).await?;
     Ok(Json(json!({ "status": "revoked", "token": holder.token, "pod": holder.pod, "type": holder.lease_type })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RevokePodBody {
+    pod: String,
+}
+
+/// Revokes every holder of a pod (reason `revoke`); handlers dispatch as for any reap.
+async fn admin_revoke_pod(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    internal(&state, &headers)?;
+    let b: RevokePodBody = body(&bytes)?;
+    let revoked = state.leases.reaper().revoke_pod(&b.pod).await.map_err(LeaseError::from)?;
+    let tokens: Vec<&str> = revoked.iter().map(|h| h.token.as_str()).collect();
+    Ok(Json(json!({ "status": "revoked", "count": revoked.len(), "tokens": tokens })))
+}
+
+/// One sweep round now: idle reap, dead-pod reap, reconcile, with handlers.
+async fn admin_sweep(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    internal(&state, &headers)?;
+    let report = state.sweeper.sweep_once().await.map_err(LeaseError::from)?;
+    Ok(Json(json!({
+        "idle": report.idle,
+        "pod": report.pod,
+        "deadPods": report.dead_pods,
+        "reconcile": format!("{:?}", report.reconcile),
+    })))
 }

@@ -11,7 +11,8 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use lease_shared::{
     Classpath, DocumentStore, LayeredDefinitions, LeaseDefinition, LeaseStore, MemoryDocumentStore, MemoryStore,
-    MongoDocumentStore, MongoStore, ResourceLeaseService,
+    MongoDocumentStore, MongoStore, PodLiveness, ReconcileOptions, ResourceLeaseService,
+    sweeper::{LeaseSweeper, SweeperConfig},
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
@@ -52,6 +53,8 @@ pub struct AppState {
     pub leases: ResourceLeaseService,
     /// The layered definitions and their cache (document writes and change events).
     pub definitions: Arc<LayeredDefinitions>,
+    /// The sweeper (for an operator's sweep round).
+    pub sweeper: LeaseSweeper,
     /// The revocation dispatcher (for `/internal/lease/revoked`).
     pub dispatcher: LeaseRevocationDispatcher,
     /// Verifies lease API tokens; `None` disables the lease API.
@@ -142,8 +145,8 @@ pub async fn open_stores(config: &BrainConfig) -> Result<Stores, StartError> {
     }
 }
 
-/// Runs the brain until `shutdown` resolves: not ready, drain requests, mark the pod stopped, stop background
-/// tasks.
+/// Runs the brain until `shutdown` resolves: not ready, drain requests, stop the heartbeat and the sweeper, mark
+/// the pod stopped.
 pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), StartError> {
     let metrics = match PrometheusBuilder::new().install_recorder() {
         Ok(handle) => Some(handle),
@@ -163,7 +166,7 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
     let mut registry = HandlerRegistry::default();
     registry.register(Arc::new(WebhookHandler::new(config.pod_id.clone())));
     let registry = Arc::new(registry);
-    let dispatcher = LeaseRevocationDispatcher::new(registry.clone(), liveness, config.internal_secret.clone());
+    let dispatcher = LeaseRevocationDispatcher::new(registry.clone(), liveness.clone(), config.internal_secret.clone());
     bundled_definitions()?;
     let fanout = DocumentChangeFanout::new(cluster.clone(), config.internal_secret.clone());
     let definitions = Arc::new(
@@ -172,8 +175,18 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
     let leases =
         ResourceLeaseService::new(stores.leases, definitions.clone(), registry, Some(Arc::new(dispatcher.clone())));
 
+    let sweeper = LeaseSweeper::new(
+        &leases,
+        SweeperConfig {
+            pod: config.pod_id.clone(),
+            reap_interval: config.reap_interval,
+            reconcile: ReconcileOptions { safety: config.reconcile_safety, ..ReconcileOptions::default() },
+        },
+        Some(Arc::new(liveness) as Arc<dyn PodLiveness>),
+    );
     let ready = Arc::new(AtomicBool::new(true));
     let state = AppState {
+        sweeper: sweeper.clone(),
         leases,
         definitions,
         dispatcher,
@@ -189,6 +202,7 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let heartbeat = tokio::spawn(heartbeat_loop(cluster.clone(), config.heartbeat_interval, stop_rx));
+    let sweeping = sweeper.spawn();
 
     tracing::info!(addr = %local, pod = %config.pod_id, "brain listening");
     let served = axum::serve(listener, router(state))
@@ -201,6 +215,9 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
     let _ = stop_tx.send(true);
     if tokio::time::timeout(Duration::from_secs(5), heartbeat).await.is_err() {
         tracing::warn!("heartbeat task did not stop within 5 s");
+    }
+    if tokio::time::timeout(Duration::from_secs(10), sweeping.shutdown()).await.is_err() {
+        tracing::warn!("sweeper did not stop within 10 s");
     }
     if let Err(e) = cluster.mark_stopped().await {
         tracing::warn!(error = %e, "could not mark the pod stopped; it will go stale");

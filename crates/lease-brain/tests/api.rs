@@ -413,3 +413,42 @@ async fn config_change_posted_to_one_pod_changes_the_caps_of_the_next_acquire_on
     b.stop().await;
     let _ = db.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn operator_revokes_a_pod_and_a_sweep_reaps_the_holders_of_a_stopped_pod() {
+    let (uri, db) = test_database("api_admin").await;
+    let mut a = Pod::start(&uri, db.name(), "pod-a").await;
+    let mut b = Pod::start(&uri, db.name(), "pod-b").await;
+    let http = reqwest::Client::new();
+    let (callback, seen) = callback_server().await;
+    let bearer = token("t1", "u1");
+    let admin = |base: &str, what: &str, body: Value| {
+        http.post(format!("{base}/internal/lease/admin/{what}"))
+            .header("x-vance-internal-secret", INTERNAL_SECRET)
+            .json(&body)
+            .send()
+    };
+    for p in ["p1", "p2"] {
+        assert_eq!(acquire(&http, &a.base, &bearer, webhook_body(&callback, p)).await.status(), 201);
+    }
+    let r: Value = admin(&b.base, "revoke-pod", json!({ "pod": "pod-a" })).await.unwrap().json().await.unwrap();
+    assert_eq!(r["count"], 2);
+    assert_eq!(wait_for_callbacks(&seen, 2).await.len(), 2, "each revoked holder's handler ran");
+    assert!(holders(&db).await.is_empty());
+
+    // A stopped pod's holders are reaped (reason pod) by the next sweep of a live pod.
+    for p in ["p3", "p4"] {
+        assert_eq!(acquire(&http, &a.base, &bearer, webhook_body(&callback, p)).await.status(), 201);
+    }
+    a.stop().await;
+    let r: Value = admin(&b.base, "sweep", json!({})).await.unwrap().json().await.unwrap();
+    assert_eq!(r["pod"], 2, "{r}");
+    assert!(holders(&db).await.is_empty());
+    let calls = wait_for_callbacks(&seen, 4).await;
+    assert_eq!(calls.len(), 4);
+    assert!(calls[2..].iter().all(|c| c["reason"] == "pod" && c["handledBy"] == "pod-b"), "{calls:?}");
+    let unauthorized = http.post(format!("{}/internal/lease/admin/sweep", b.base)).send().await.unwrap();
+    assert_eq!(unauthorized.status(), 401);
+    b.stop().await;
+    let _ = db.drop().await;
+}

@@ -124,7 +124,7 @@ impl LeaseSweeper {
             loop {
                 tokio::select! {
                     biased;
-                    // A shutdown, or the handle dropped.
+                    // A shutdown, or the handle dropped (which ends the loop the same way, just unjoined).
                     _ = &mut stop_rx => break,
                     () = tokio::time::sleep(self.interval) => {}
                 }
@@ -145,16 +145,17 @@ impl LeaseSweeper {
             }
             self.reaper.flush().await;
         });
-        SweeperHandle { stop: Some(stop_tx), task: Some(task), rounds: rounds_rx }
+        SweeperHandle { stop: stop_tx, task, rounds: rounds_rx }
     }
 }
 
-/// The running scheduled sweep of [`LeaseSweeper::spawn`]. Call [`SweeperHandle::shutdown`]; dropping the handle
-/// instead aborts the task.
+/// The running scheduled sweep of [`LeaseSweeper::spawn`]. Call [`SweeperHandle::shutdown`]. Dropping the handle
+/// instead also stops the sweep after the round in progress — never in the middle of one — but nobody waits for
+/// it.
 #[derive(Debug)]
 pub struct SweeperHandle {
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<()>>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
     rounds: watch::Receiver<u64>,
 }
 
@@ -166,22 +167,9 @@ impl SweeperHandle {
 
     /// Stops the sweep and waits for its task to end: the current round finishes, no new one starts, and the
     /// revocation notifications still running are awaited. An error means the task panicked.
-    pub async fn shutdown(mut self) -> Result<(), JoinError> {
-        if let Some(stop) = self.stop.take() {
-            // The task may be gone already (it panicked); the join below reports that.
-            let _ = stop.send(());
-        }
-        match self.task.take() {
-            Some(task) => task.await,
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for SweeperHandle {
-    fn drop(&mut self) {
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+    pub async fn shutdown(self) -> Result<(), JoinError> {
+        // The task may be gone already (it panicked); the join reports that.
+        let _ = self.stop.send(());
+        self.task.await
     }
 }
