@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use crate::auth::{Claims, internal_secret_matches};
+use crate::auth::{Claims, JwtKeys, internal_secret_matches};
 use crate::dispatch::{INTERNAL_SECRET_HEADER, RevokedHolder, WebhookHandler};
 use crate::server::AppState;
 
@@ -42,7 +42,8 @@ pub enum ApiError {
 }
 
 impl ApiError {
-    fn invalid(field: &str, message: impl Into<String>) -> Self {
+    /// `INVALID_REQUEST` on `field`.
+    pub fn invalid(field: &str, message: impl Into<String>) -> Self {
         ApiError::Invalid { field: field.to_owned(), message: message.into() }
     }
 }
@@ -142,7 +143,13 @@ async fn write_document(
 }
 
 fn claims(state: &AppState, headers: &HeaderMap) -> Result<Claims, ApiError> {
-    let keys = state.jwt.as_ref().ok_or(ApiError::Disabled)?;
+    bearer_claims(state.jwt.as_ref(), headers)
+}
+
+/// The verified claims of the request's bearer token (`UNAUTHORIZED` otherwise; the lease API answers 503 when no
+/// JWT secret is configured). Add-on routes authenticate with this too.
+pub fn bearer_claims(jwt: Option<&JwtKeys>, headers: &HeaderMap) -> Result<Claims, ApiError> {
+    let keys = jwt.ok_or(ApiError::Disabled)?;
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -164,7 +171,7 @@ fn internal(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
 }
 
 /// Parses a JSON body into `T`, answering `INVALID_REQUEST` (not axum's plain-text rejection) when it fails.
-fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+pub fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::invalid("body", e.to_string()))
 }
 

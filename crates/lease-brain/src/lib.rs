@@ -8,8 +8,10 @@
 //!   the built-in `webhook` handler.
 //! - [`auth`]: HS256 bearer tokens and the internal shared secret.
 //! - [`api`]: the lease API and internal routes, and the one place errors become HTTP statuses.
+//! - [`addons`]: the add-on seam (handlers and routes of the tex add-on and the MCP client).
 //! - [`server`]: wiring, [`server::router`], [`server::run`] with graceful shutdown.
 
+pub mod addons;
 pub mod api;
 pub mod auth;
 pub mod cluster;

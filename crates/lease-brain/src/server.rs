@@ -163,15 +163,19 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
     cluster.register().await?;
     let liveness = LeasePodLiveness::new(cluster.clone());
 
-    let mut registry = HandlerRegistry::default();
-    registry.register(Arc::new(WebhookHandler::new(config.pod_id.clone())));
-    let registry = Arc::new(registry);
-    let dispatcher = LeaseRevocationDispatcher::new(registry.clone(), liveness.clone(), config.internal_secret.clone());
     bundled_definitions()?;
     let fanout = DocumentChangeFanout::new(cluster.clone(), config.internal_secret.clone());
     let definitions = Arc::new(
         LayeredDefinitions::new(stores.documents).with_classpath(Classpath::bundled()).with_listener(Arc::new(fanout)),
     );
+    let addons = crate::addons::compiled_in(&config, &definitions);
+    let mut registry = HandlerRegistry::default();
+    registry.register(Arc::new(WebhookHandler::new(config.pod_id.clone())));
+    for handler in addons.iter().flat_map(|a| a.handlers()) {
+        registry.register(handler);
+    }
+    let registry = Arc::new(registry);
+    let dispatcher = LeaseRevocationDispatcher::new(registry.clone(), liveness.clone(), config.internal_secret.clone());
     let leases =
         ResourceLeaseService::new(stores.leases, definitions.clone(), registry, Some(Arc::new(dispatcher.clone())));
 
@@ -200,12 +204,20 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
         tracing::warn!("no BRAIN_JWT_SECRET: the lease API answers 503");
     }
 
+    let ctx = crate::addons::AddonContext {
+        leases: state.leases.clone(),
+        definitions: state.definitions.clone(),
+        jwt: state.jwt.clone(),
+        pod_id: config.pod_id.clone(),
+    };
+    let app = addons.iter().fold(router(state), |app, addon| app.merge(addon.router(&ctx)));
+
     let (stop_tx, stop_rx) = watch::channel(false);
     let heartbeat = tokio::spawn(heartbeat_loop(cluster.clone(), config.heartbeat_interval, stop_rx));
     let sweeping = sweeper.spawn();
 
     tracing::info!(addr = %local, pod = %config.pod_id, "brain listening");
-    let served = axum::serve(listener, router(state))
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
             ready.store(false, Ordering::SeqCst);
@@ -218,6 +230,9 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
     }
     if tokio::time::timeout(Duration::from_secs(10), sweeping.shutdown()).await.is_err() {
         tracing::warn!("sweeper did not stop within 10 s");
+    }
+    for addon in &addons {
+        addon.shutdown().await;
     }
     if let Err(e) = cluster.mark_stopped().await {
         tracing::warn!(error = %e, "could not mark the pod stopped; it will go stale");
