@@ -17,7 +17,8 @@
 //! operation's window happen only after that operation ends (the settle pause).
 //!
 //! `LEASE_SIM_SEED=<n>` replays one seed; `LEASE_SIM_SEEDS` and `LEASE_SIM_STEPS` change the budget (default 200
-//! seeds × 300 steps). A failing run prints its seed and its last steps.
+//! seeds × 300 steps). A failing run prints its seed and its last steps (an interleaved operation is listed, indented,
+//! before the step it ran inside).
 
 mod support;
 
@@ -506,7 +507,8 @@ impl Sim {
             Ok(lease) => format!("granted {}", &lease.token().unwrap()[..6]),
             Err(e) => e.code().to_owned(),
         };
-        self.note(format!("{id} acquires {} t{t} p{p} u{u} [{fault:?}] [{hook:?}]: {outcome}", DEFS_NAMES[d]));
+        let name = &self.shared.defs[d].name;
+        self.note(format!("{id} acquires {name} t{t} p{p} u{u} [{fault:?}] [{hook:?}]: {outcome}"));
         let what = match &result {
             Ok(_) => "acquire granted",
             Err(LeaseError::Busy(_)) => "acquire busy",
@@ -785,8 +787,6 @@ impl Sim {
         self.check_invariants().await;
     }
 }
-
-const DEFS_NAMES: [&str; 3] = ["a", "b", "c"];
 
 async fn simulate(seed: u64, steps: usize, log: Log, stats: Stats) {
     let mut sim = Sim::new(seed, log, stats);
