@@ -42,6 +42,8 @@ pub struct BrainConfig {
     pub reap_interval: Duration,
     /// `vance.lease.reconcile-safety-ms` (`VANCE_LEASE_RECONCILE_SAFETY_MS`, default 60 000).
     pub reconcile_safety: Duration,
+    /// The remote tex2pdf compile service (`BRAIN_TEX2PDF_URL`); absent = the built-in test double.
+    pub tex2pdf_url: Option<String>,
 }
 
 fn millis(
@@ -143,6 +145,16 @@ impl BrainConfig {
             heartbeat_staleness,
             reap_interval: millis(&env, "VANCE_LEASE_REAP_INTERVAL_MS", 30_000)?,
             reconcile_safety: millis(&env, "VANCE_LEASE_RECONCILE_SAFETY_MS", 60_000)?,
+            tex2pdf_url: match env("BRAIN_TEX2PDF_URL").filter(|u| !u.is_empty()) {
+                Some(u) if !u.starts_with("http://") && !u.starts_with("https://") => {
+                    return Err(ConfigError {
+                        variable: "BRAIN_TEX2PDF_URL",
+                        value: u,
+                        problem: "must be an http:// or https:// URL".into(),
+                    });
+                }
+                u => u,
+            },
         })
     }
 }
