@@ -1,4 +1,5 @@
-//! The brain's configuration: environment variables, validated at start-up into an immutable struct.
+//! The brain's configuration: an optional YAML file plus environment overrides, validated at start-up into an
+//! immutable struct. Every setting has an environment variable and a file key ([`KEYS`]); the environment wins.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,6 +15,22 @@ pub struct ConfigError {
     /// What is wrong with it.
     pub problem: String,
 }
+
+/// Every setting: its environment variable and its key in the YAML config file.
+pub const KEYS: &[(&str, &str)] = &[
+    ("BRAIN_LISTEN", "listen"),
+    ("BRAIN_MONGODB_URI", "mongodb-uri"),
+    ("BRAIN_MONGODB_DATABASE", "mongodb-database"),
+    ("BRAIN_POD_ID", "pod-id"),
+    ("BRAIN_ADVERTISED_ENDPOINT", "advertised-endpoint"),
+    ("BRAIN_INTERNAL_SECRET", "internal-secret"),
+    ("BRAIN_JWT_SECRET", "jwt-secret"),
+    ("BRAIN_HEARTBEAT_INTERVAL_MS", "heartbeat-interval-ms"),
+    ("BRAIN_HEARTBEAT_STALENESS_MS", "heartbeat-staleness-ms"),
+    ("VANCE_LEASE_REAP_INTERVAL_MS", "vance.lease.reap-interval-ms"),
+    ("VANCE_LEASE_RECONCILE_SAFETY_MS", "vance.lease.reconcile-safety-ms"),
+    ("BRAIN_TEX2PDF_URL", "tex2pdf-url"),
+];
 
 /// The validated configuration of one brain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +78,34 @@ fn millis(
 }
 
 impl BrainConfig {
-    /// Reads and validates the configuration from `env` (pass `|k| std::env::var(k).ok()` in production).
+    /// Reads and validates the configuration from the YAML text of a config file (if any) and `env` (pass
+    /// `|k| std::env::var(k).ok()` in production); the environment overrides the file. Unknown file keys, non-scalar
+    /// values and broken YAML are errors naming the key.
+    pub fn load(file: Option<&str>, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let file_values = match file {
+            None => std::collections::BTreeMap::new(),
+            Some(text) => parse_file(text)?,
+        };
+        let lookup = |variable: &str| {
+            env(variable).or_else(|| {
+                let key = KEYS.iter().find(|(v, _)| *v == variable).map(|(_, k)| *k)?;
+                file_values.get(key).cloned()
+            })
+        };
+        Self::from_env(&lookup).map_err(|mut e| {
+            // Name the file key when the offending value came from the file.
+            if env(e.variable).is_none() {
+                if let Some((_, key)) = KEYS.iter().find(|(v, _)| *v == e.variable) {
+                    if file_values.contains_key(*key) {
+                        e.variable = key;
+                    }
+                }
+            }
+            e
+        })
+    }
+
+    /// Reads and validates the configuration from `env` alone.
     pub fn from_env(env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let listen_text = env("BRAIN_LISTEN").unwrap_or_else(|| "127.0.0.1:8080".to_owned());
         let listen = listen_text.parse().map_err(|e| ConfigError {
@@ -159,6 +203,30 @@ impl BrainConfig {
     }
 }
 
+fn parse_file(text: &str) -> Result<std::collections::BTreeMap<String, String>, ConfigError> {
+    let file_error = |value: String, problem: String| ConfigError { variable: "config file", value, problem };
+    let map: std::collections::BTreeMap<String, serde_yaml::Value> = if text.trim().is_empty() {
+        Default::default()
+    } else {
+        serde_yaml::from_str(text).map_err(|e| file_error(String::new(), format!("not a YAML map of settings: {e}")))?
+    };
+    let mut values = std::collections::BTreeMap::new();
+    for (key, value) in map {
+        if !KEYS.iter().any(|(_, k)| *k == key) {
+            let known: Vec<&str> = KEYS.iter().map(|(_, k)| *k).collect();
+            return Err(file_error(key, format!("unknown key; known keys: {}", known.join(", "))));
+        }
+        let text = match value {
+            serde_yaml::Value::String(s) => s,
+            serde_yaml::Value::Number(n) => n.to_string(),
+            serde_yaml::Value::Bool(b) => b.to_string(),
+            _ => return Err(file_error(key, "must be a single value".to_owned())),
+        };
+        values.insert(key, text);
+    }
+    Ok(values)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +254,26 @@ mod tests {
         assert_eq!((e.variable, e.value.as_str()), ("BRAIN_HEARTBEAT_INTERVAL_MS", "soon"));
         let e = BrainConfig::from_env(env(&[("BRAIN_HEARTBEAT_STALENESS_MS", "100")])).unwrap_err();
         assert_eq!(e.variable, "BRAIN_HEARTBEAT_STALENESS_MS");
+    }
+
+    #[test]
+    fn file_values_apply_and_the_environment_overrides_them() {
+        let file = "listen: 127.0.0.1:9001\npod-id: from-file\nvance.lease.reap-interval-ms: 5000\n";
+        let c = BrainConfig::load(Some(file), env(&[("BRAIN_POD_ID", "from-env")])).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9001".parse().unwrap());
+        assert_eq!(c.pod_id, "from-env");
+        assert_eq!(c.reap_interval, Duration::from_millis(5000));
+    }
+
+    #[test]
+    fn bad_file_keys_and_values_name_the_key() {
+        let e = BrainConfig::load(Some("lissen: 1\n"), env(&[])).unwrap_err();
+        assert_eq!((e.variable, e.value.as_str()), ("config file", "lissen"));
+        let e = BrainConfig::load(Some("heartbeat-interval-ms: soon\n"), env(&[])).unwrap_err();
+        assert_eq!((e.variable, e.value.as_str()), ("heartbeat-interval-ms", "soon"));
+        let e = BrainConfig::load(Some("listen: [1, 2]\n"), env(&[])).unwrap_err();
+        assert_eq!(e.value, "listen");
+        assert!(BrainConfig::load(Some("listen: '127.0.0.1:1\n"), env(&[])).is_err());
     }
 
     #[test]
