@@ -36,5 +36,7 @@ fi
 echo "test.sh: LEASE_TEST_MONGODB_URI=$LEASE_TEST_MONGODB_URI" >&2
 
 status=0
-cargo test --workspace "$@" || status=$?
+# The end-to-end tests (crates/tests) spawn the brain binary: build it first, whatever subset is tested.
+cargo build -p lease-brain --bin brain || status=$?
+[[ $status -eq 0 ]] && { cargo test --workspace "$@" || status=$?; }
 exit "$status"
