@@ -92,7 +92,7 @@ impl BrainConfig {
                 file_values.get(key).cloned()
             })
         };
-        Self::from_env(&lookup).map_err(|mut e| {
+        Self::from_env(lookup).map_err(|mut e| {
             // Name the file key when the offending value came from the file.
             if env(e.variable).is_none() {
                 if let Some((_, key)) = KEYS.iter().find(|(v, _)| *v == e.variable) {
