@@ -138,6 +138,22 @@ pub enum Dispatched {
     NoHandler,
 }
 
+impl Dispatched {
+    /// The label of `vance_lease_dispatch_total{outcome}`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Dispatched::Local => "local",
+            Dispatched::Forwarded(_) => "forwarded",
+            Dispatched::ReleasedOnly => "released-only",
+            Dispatched::NoHandler => "no-handler",
+        }
+    }
+}
+
+/// `vance_lease_dispatch_total{outcome=local|forwarded|released-only|no-handler}`: where this pod's revocations
+/// (reaps and operator revokes it performed) were handled.
+pub const DISPATCH_TOTAL: &str = "vance_lease_dispatch_total";
+
 /// The `LeaseRevocationListener` of the brain.
 #[derive(Debug, Clone)]
 pub struct LeaseRevocationDispatcher {
@@ -208,6 +224,7 @@ impl LeaseRevocationDispatcher {
 impl LeaseRevocationListener for LeaseRevocationDispatcher {
     async fn on_revoked(&self, holder: HolderRecord, reason: RevocationReason) {
         let outcome = self.dispatch(&holder, reason).await;
+        metrics::counter!(DISPATCH_TOTAL, "outcome" => outcome.as_str()).increment(1);
         tracing::info!(token = %holder.token, pod = %holder.pod, %reason, ?outcome, "revocation dispatched");
     }
 }
