@@ -1,143 +1,14 @@
 //! The brain's HTTP lease API and revocation dispatch over real HTTP on loopback, with lease state in the real
 //! MongoDB (one database per test).
 
-use std::sync::{Arc, Mutex};
+mod support;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::post;
-use lease_brain::BrainConfig;
 use lease_brain::auth::JwtKeys;
-use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
-
-const JWT_SECRET: &str = "test-jwt-secret-0123456789";
-const INTERNAL_SECRET: &str = "test-internal-secret-0123456789";
-
-async fn test_database(test: &str) -> (String, mongodb::Database) {
-    let uri = std::env::var("LEASE_TEST_MONGODB_URI").unwrap_or_else(|_| {
-        panic!("LEASE_TEST_MONGODB_URI is not set: run the tests with scripts/test.sh (it starts a real mongod)")
-    });
-    let client = mongodb::Client::with_uri_str(&uri).await.expect("test MongoDB URI");
-    let name = format!("lb_{test}_{}_{:x}", std::process::id(), rand_u32());
-    let db = client.database(&name);
-    db.run_command(doc! { "ping": 1 }).await.unwrap_or_else(|e| panic!("test MongoDB at {uri} unreachable: {e}"));
-    (uri, db)
-}
-
-fn rand_u32() -> u32 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// One brain pod in this process.
-struct Pod {
-    base: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<(), lease_brain::server::StartError>>>,
-}
-
-impl Pod {
-    async fn start(uri: &str, db: &str, pod_id: &str) -> Pod {
-        let port = free_port();
-        let vars = [
-            ("BRAIN_LISTEN", format!("127.0.0.1:{port}")),
-            ("BRAIN_MONGODB_URI", uri.to_owned()),
-            ("BRAIN_MONGODB_DATABASE", db.to_owned()),
-            ("BRAIN_POD_ID", pod_id.to_owned()),
-            ("BRAIN_INTERNAL_SECRET", INTERNAL_SECRET.to_owned()),
-            ("BRAIN_JWT_SECRET", JWT_SECRET.to_owned()),
-            ("BRAIN_HEARTBEAT_INTERVAL_MS", "200".to_owned()),
-            ("BRAIN_HEARTBEAT_STALENESS_MS", "2000".to_owned()),
-        ];
-        let config = BrainConfig::from_env(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(lease_brain::server::run(config, async {
-            let _ = rx.await;
-        }));
-        let base = format!("http://127.0.0.1:{port}");
-        for _ in 0..200 {
-            if reqwest::get(format!("{base}/readyz")).await.is_ok_and(|r| r.status() == 200) {
-                return Pod { base, stop: Some(tx), task: Some(task) };
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("pod {pod_id} never became ready");
-    }
-
-    /// Ends the pod without any shutdown step (no stopped mark): its registry entry still looks alive until
-    /// it goes stale, but nothing answers at its endpoint.
-    fn kill(&mut self) {
-        self.stop.take();
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
-
-    async fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await.unwrap().unwrap();
-        }
-    }
-}
-
-fn token(tenant: &str, user: &str) -> String {
-    JwtKeys::new(JWT_SECRET).mint(tenant, user, &[], 600)
-}
-
-/// A callback receiver for webhook leases: records every POSTed body.
-async fn callback_server() -> (String, Arc<Mutex<Vec<Value>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    let app = axum::Router::new().route(
-        "/revoked",
-        post(move |axum::Json(v): axum::Json<Value>| {
-            let s = s.clone();
-            async move {
-                s.lock().unwrap().push(v);
-                "ok"
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/revoked", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, seen)
-}
-
-async fn wait_for_callbacks(seen: &Arc<Mutex<Vec<Value>>>, n: usize) -> Vec<Value> {
-    for _ in 0..400 {
-        if seen.lock().unwrap().len() >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    seen.lock().unwrap().clone()
-}
-
-async fn acquire(http: &reqwest::Client, base: &str, bearer: &str, body: Value) -> reqwest::Response {
-    http.post(format!("{base}/api/v1/leases")).bearer_auth(bearer).json(&body).send().await.unwrap()
-}
-
-fn webhook_body(callback: &str, project: &str) -> Value {
-    json!({
-        "type": "webhook",
-        "inline": { "name": "remote", "levels": { "project": 1 }, "waitMs": 0, "ttlSeconds": 60 },
-        "projectId": project,
-        "holderRef": "job-7",
-        "payload": { "callbackUrl": callback },
-    })
-}
-
-async fn holders(db: &mongodb::Database) -> Vec<Document> {
-    use futures_util::TryStreamExt;
-    db.collection::<Document>("resource_lease_holders").find(doc! {}).await.unwrap().try_collect().await.unwrap()
-}
+use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lease_api_round_trip_busy_and_idempotent_release() {
