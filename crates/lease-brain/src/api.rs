@@ -265,8 +265,7 @@ async fn release(
 
 async fn revoked(State(state): State<AppState>, headers: HeaderMap, bytes: Bytes) -> Result<Json<Value>, ApiError> {
     internal(&state, &headers)?;
-    let revoked: RevokedHolder = body(&bytes)?;
-    let (holder, reason) = revoked.into_parts().ok_or_else(|| ApiError::invalid("reason", "idle, pod or revoke"))?;
+    let RevokedHolder { holder, reason } = body(&bytes)?;
     let outcome = state.dispatcher.run_local(&holder, reason).await;
     Ok(Json(json!({ "status": format!("{outcome:?}") })))
 }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lease_shared::store::{HolderRecord, HolderState};
-use lease_shared::{LeaseHandler, LeaseRevocationListener, LeaseTypes, Payload, RevocationReason};
+use lease_shared::store::HolderRecord;
+use lease_shared::{LeaseHandler, LeaseRevocationListener, LeaseTypes, RevocationReason};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::LeasePodLiveness;
@@ -45,84 +45,14 @@ impl LeaseTypes for HandlerRegistry {
     }
 }
 
-/// A revoked holder as sent between pods.
+/// A revoked holder as sent between pods (`POST /internal/lease/revoked`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct RevokedHolder {
-    /// The lease token.
-    pub token: String,
-    /// The handler type.
-    #[serde(rename = "type")]
-    pub lease_type: String,
-    /// The definition's name.
-    pub lease: String,
-    /// The counted resource.
-    pub resource: String,
-    /// The holder's tenant.
-    pub tenant_id: String,
-    /// The holder's project.
-    pub project_id: String,
-    /// The holder's user.
-    pub user_id: Option<String>,
-    /// Consumer-specific reference.
-    pub holder_ref: String,
-    /// The holder's pod.
-    pub pod: String,
-    /// Whether the resource dies with the pod.
-    pub pod_bound: bool,
-    /// The handler's cleanup data.
-    pub payload: Payload,
-    /// Why it was revoked: `idle`, `pod` or `revoke`.
-    pub reason: String,
-}
-
-impl RevokedHolder {
-    /// The wire form of `h`, revoked for `reason`.
-    pub fn new(h: &HolderRecord, reason: RevocationReason) -> Self {
-        RevokedHolder {
-            token: h.token.clone(),
-            lease_type: h.lease_type.clone(),
-            lease: h.lease.clone(),
-            resource: h.resource.clone(),
-            tenant_id: h.tenant_id.clone(),
-            project_id: h.project_id.clone(),
-            user_id: h.user_id.clone(),
-            holder_ref: h.holder_ref.clone(),
-            pod: h.pod.clone(),
-            pod_bound: h.pod_bound,
-            payload: h.payload.clone(),
-            reason: reason.as_str().to_owned(),
-        }
-    }
-
-    /// The holder record and reason this was made from; `None` for an unknown reason.
-    pub fn into_parts(self) -> Option<(HolderRecord, RevocationReason)> {
-        let reason = match self.reason.as_str() {
-            "idle" => RevocationReason::Idle,
-            "pod" => RevocationReason::Pod,
-            "revoke" => RevocationReason::Revoke,
-            _ => return None,
-        };
-        let h = HolderRecord {
-            token: self.token,
-            lease_type: self.lease_type,
-            lease: self.lease,
-            resource: self.resource,
-            tenant_id: self.tenant_id,
-            project_id: self.project_id,
-            user_id: self.user_id,
-            holder_ref: self.holder_ref,
-            pod: self.pod,
-            pod_bound: self.pod_bound,
-            state: HolderState::Held,
-            levels: Vec::new(),
-            payload: self.payload,
-            ttl_seconds: 0,
-            acquired_at_ms: 0,
-            last_seen_at_ms: 0,
-        };
-        Some((h, reason))
-    }
+    /// The deleted holder document.
+    pub holder: HolderRecord,
+    /// Why it was revoked.
+    pub reason: RevocationReason,
 }
 
 /// Where a revocation was handled: the dispatcher's decision, for logs and tests.
@@ -200,7 +130,7 @@ impl LeaseRevocationDispatcher {
                 .http
                 .post(&url)
                 .header(INTERNAL_SECRET_HEADER, &self.internal_secret)
-                .json(&RevokedHolder::new(holder, reason))
+                .json(&RevokedHolder { holder: holder.clone(), reason })
                 .send()
                 .await;
             match sent {

@@ -15,7 +15,8 @@ use crate::metrics;
 use crate::store::{DeleteCondition, HolderRecord, LeaseStore};
 
 /// Why a holder was taken away from its holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RevocationReason {
     /// `lastSeenAt + ttlSeconds` passed without a check.
     Idle,

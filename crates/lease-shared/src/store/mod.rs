@@ -69,7 +69,8 @@ impl CounterKey {
 }
 
 /// A holder's lifecycle state. A holder is `Pending` while its funnel runs and `Held` once every level is booked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum HolderState {
     /// The funnel is still booking levels.
     Pending,
@@ -120,12 +121,15 @@ pub struct NewHolder {
     pub ttl_seconds: u64,
 }
 
-/// A stored holder, as read back (from a delete, a listing or a reap).
-#[derive(Debug, Clone, PartialEq)]
+/// A stored holder, as read back (from a delete, a listing or a reap). Its JSON form (camelCase, `type` for the
+/// lease type) is what pods send each other with a revocation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HolderRecord {
     /// The lease token.
     pub token: String,
     /// The handler type.
+    #[serde(rename = "type")]
     pub lease_type: String,
     /// The definition's name.
     pub lease: String,
