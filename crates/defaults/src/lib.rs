@@ -13,10 +13,16 @@ pub struct BundledDocument {
 }
 
 /// Every bundled document.
-pub const DOCUMENTS: &[BundledDocument] = &[BundledDocument {
-    path: "_vance/config/lease/tex.yaml",
-    content: include_str!("../documents/_vance/config/lease/tex.yaml"),
-}];
+pub const DOCUMENTS: &[BundledDocument] = &[
+    BundledDocument {
+        path: "_vance/config/lease/tex.yaml",
+        content: include_str!("../documents/_vance/config/lease/tex.yaml"),
+    },
+    BundledDocument {
+        path: "_vance/config/lease/browser.yaml",
+        content: include_str!("../documents/_vance/config/lease/browser.yaml"),
+    },
+];
 
 /// The bundled document at `path`, if any.
 pub fn document(path: &str) -> Option<&'static str> {

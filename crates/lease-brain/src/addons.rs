@@ -39,6 +39,6 @@ pub trait Addon: Send + Sync + std::fmt::Debug {
 }
 
 /// Every add-on compiled into this brain, configured from `config`.
-pub fn compiled_in(_config: &BrainConfig, _definitions: &Arc<LayeredDefinitions>) -> Vec<Box<dyn Addon>> {
-    Vec::new()
+pub fn compiled_in(config: &BrainConfig, definitions: &Arc<LayeredDefinitions>) -> Vec<Box<dyn Addon>> {
+    vec![Box::new(crate::tex::TexAddon::from_config(config)), Box::new(crate::mcp::McpAddon::new(config, definitions))]
 }

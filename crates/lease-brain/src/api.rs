@@ -39,6 +39,67 @@ pub enum ApiError {
     /// The lease API is not configured (no JWT secret).
     #[error("the lease API is disabled: no JWT secret is configured")]
     Disabled,
+    /// An MCP tool call failed (see [`ToolFailure`] for codes and statuses).
+    #[error("{message}")]
+    Tool {
+        /// What failed.
+        kind: ToolFailure,
+        /// The diagnosis.
+        message: String,
+    },
+    /// A tex compile ended with the compiler's error (`TEX_COMPILE_FAILED`, 422).
+    #[error("the tex compile failed; see the log")]
+    TexCompileFailed {
+        /// The end of the compiler's log.
+        log: String,
+    },
+    /// A tex compile was aborted because its lease was revoked or lost while it ran (`TEX_COMPILE_ABORTED`, 409).
+    #[error("the tex compile was aborted ({cause}): its lease was revoked or lost; the remote job expires on its own")]
+    TexCompileAborted {
+        /// `revoke`, `idle` or `pod` (a revocation reached the poll loop), or `lost` (its check found the lease gone).
+        cause: String,
+    },
+    /// The tex2pdf service answered 429 (`TEX_REMOTE_OVERLOADED`, 503): only without a lease in front of it.
+    #[error("the tex2pdf service is overloaded")]
+    TexRemoteOverloaded {
+        /// The service's `Retry-After`, in seconds.
+        retry_after_secs: Option<u64>,
+    },
+    /// The tex2pdf service failed, answered outside its contract or did not finish in time (`TEX_REMOTE_ERROR`,
+    /// 502).
+    #[error("tex2pdf: {0}")]
+    TexRemote(String),
+}
+
+/// Why an MCP tool call failed (lease refusals stay [`ApiError::Lease`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFailure {
+    /// `TOOL_ERROR`, 502: the MCP server or its transport failed.
+    Failed,
+    /// `MCP_SESSION_REVOKED`, 409: the session's lease was lost; the session was closed and the next call opens a
+    /// new one.
+    SessionRevoked,
+    /// `TOOL_NOT_FOUND`, 404: no tool of that name is configured.
+    NotFound,
+}
+
+impl ToolFailure {
+    /// The stable machine code.
+    pub fn code(self) -> &'static str {
+        match self {
+            ToolFailure::Failed => "TOOL_ERROR",
+            ToolFailure::SessionRevoked => "MCP_SESSION_REVOKED",
+            ToolFailure::NotFound => "TOOL_NOT_FOUND",
+        }
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            ToolFailure::Failed => StatusCode::BAD_GATEWAY,
+            ToolFailure::SessionRevoked => StatusCode::CONFLICT,
+            ToolFailure::NotFound => StatusCode::NOT_FOUND,
+        }
+    }
 }
 
 impl ApiError {
@@ -85,6 +146,25 @@ impl IntoResponse for ApiError {
             ),
             ApiError::Disabled => {
                 (StatusCode::SERVICE_UNAVAILABLE, json!({ "code": "LEASE_UNAVAILABLE", "message": message }), None)
+            }
+            ApiError::Tool { kind, .. } => (kind.status(), json!({ "code": kind.code(), "message": message }), None),
+            ApiError::TexCompileFailed { log } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({ "code": "TEX_COMPILE_FAILED", "message": message, "log": log }),
+                None,
+            ),
+            ApiError::TexCompileAborted { cause } => (
+                StatusCode::CONFLICT,
+                json!({ "code": "TEX_COMPILE_ABORTED", "message": message, "cause": cause }),
+                None,
+            ),
+            ApiError::TexRemoteOverloaded { retry_after_secs } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({ "code": "TEX_REMOTE_OVERLOADED", "message": message }),
+                Some(retry_after_secs.unwrap_or(1)),
+            ),
+            ApiError::TexRemote(_) => {
+                (StatusCode::BAD_GATEWAY, json!({ "code": "TEX_REMOTE_ERROR", "message": message }), None)
             }
         };
         let mut response = (status, Json(body)).into_response();

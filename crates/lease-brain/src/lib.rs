@@ -9,7 +9,9 @@
 //! - [`auth`]: HS256 bearer tokens and the internal shared secret.
 //! - [`api`]: the lease API and internal routes, and the one place errors become HTTP statuses.
 //! - [`addons`]: the add-on seam (handlers and routes of the tex add-on and the MCP client).
+//! - [`mcp`]: the MCP client add-on (tool-call endpoint, `mcp` handler, the pod's MCP pool).
 //! - [`server`]: wiring, [`server::router`], [`server::run`] with graceful shutdown.
+//! - [`tex`]: the tex add-on (compile endpoint, `tex` handler); [`tex2pdf_double`]: the tex2pdf test double.
 
 pub mod addons;
 pub mod api;
@@ -17,6 +19,9 @@ pub mod auth;
 pub mod cluster;
 pub mod config;
 pub mod dispatch;
+pub mod mcp;
 pub mod server;
+pub mod tex;
+pub mod tex2pdf_double;
 
 pub use config::{BrainConfig, ConfigError};

@@ -220,6 +220,47 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "?".to_owned())
 }
 
+/// CPU time of the whole machine, of this process and of the (local) mongod, in clock ticks: what other processes
+/// took during a phase shows how far the figures of that phase were skewed by them.
+#[derive(Debug, Clone, Copy)]
+struct CpuSnapshot {
+    busy: u64,
+    total: u64,
+    ours: u64,
+}
+
+/// `utime + stime` of a process, in clock ticks.
+fn process_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after "(comm) ": state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(") ")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+impl CpuSnapshot {
+    fn take(mongod_pid: Option<i64>) -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+        // user nice system idle iowait irq softirq steal (guest time is part of user).
+        let total: u64 = cpu.iter().take(8).sum();
+        let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
+        let mongod = mongod_pid.and_then(|p| process_ticks(&p.to_string())).unwrap_or(0);
+        Some(CpuSnapshot { busy: total - idle, total, ours: process_ticks("self")? + mongod })
+    }
+
+    /// The share of all CPUs used since `self` by neither this process nor the mongod.
+    fn others_since(self, mongod_pid: Option<i64>) -> String {
+        match CpuSnapshot::take(mongod_pid) {
+            Some(now) if now.total > self.total => {
+                let others = now.busy.saturating_sub(self.busy).saturating_sub(now.ours.saturating_sub(self.ours));
+                format!("CPU used outside bench+mongod {:.0}%", 100.0 * others as f64 / (now.total - self.total) as f64)
+            }
+            _ => "CPU used outside bench+mongod unknown".to_owned(),
+        }
+    }
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -257,6 +298,17 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
     // 5. The machine (printed first, so the table reads top-down).
     let build = admin.database("admin").run_command(doc! { "buildInfo": 1 }).await?;
     let mongod_version = build.get_str("version").unwrap_or("?").to_owned();
+    // The mongod's pid, if it runs on this machine, to tell its CPU use from other processes'.
+    let status = admin.database("admin").run_command(doc! { "serverStatus": 1 }).await?;
+    let mongod_pid = status
+        .get_i64("pid")
+        .ok()
+        .or_else(|| status.get_i32("pid").ok().map(i64::from))
+        .filter(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).is_ok_and(|c| c.contains("mongod")));
+    let cpu = || CpuSnapshot::take(mongod_pid);
+    let others = |since: Option<CpuSnapshot>| {
+        since.map_or_else(|| "CPU used outside bench+mongod unknown".to_owned(), |s| s.others_since(mongod_pid))
+    };
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -286,6 +338,7 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
 
     // 1. The raw round trip.
     let mut raw_samples = Vec::with_capacity(RAW_OPS);
+    let cpu1 = cpu();
     for i in 0..WARMUP_OPS + RAW_OPS {
         let t = Instant::now();
         raw.update_one(doc! { "_id": "rt" }, doc! { "$inc": { "count": 1_i64 } }).await?;
@@ -294,6 +347,7 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         }
     }
     let (rt_p50, rt_p99) = p50_p99(raw_samples);
+    let others1 = others(cpu1);
 
     // 2. Round trips per operation, counted (and, as a diagnosis, how much of the wall time the driver spent inside
     // those commands).
@@ -341,7 +395,7 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
     }
     monitor.recording.store(false, Ordering::SeqCst);
     println!("[1] raw round trip: update_one {{_id}} $inc, {RAW_OPS} sequential ops after {WARMUP_OPS} warm-up");
-    println!("    p50 {:.3} ms   p99 {:.3} ms", ms(rt_p50), ms(rt_p99));
+    println!("    p50 {:.3} ms   p99 {:.3} ms   ({others1})", ms(rt_p50), ms(rt_p99));
     println!();
     println!(
         "[2] round trips per op, counted by a command monitor (CommandStarted; handshake/monitoring ignored), \
@@ -383,6 +437,7 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
 
     // 3. Latency, uncontended, sequential, 3 levels.
     let timed = service(&plain[0], &name, &defs);
+    let cpu3 = cpu();
     let (mut acq, mut chk, mut rel, mut control) = (
         Vec::with_capacity(LATENCY_ITERS),
         Vec::with_capacity(LATENCY_ITERS),
@@ -410,7 +465,9 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         }
     }
     println!(
-        "[3] latency, uncontended, sequential, 3-level definition, {LATENCY_ITERS} iterations after {WARMUP_OPS} warm-up"
+        "[3] latency, uncontended, sequential, 3-level definition, {LATENCY_ITERS} iterations after {WARMUP_OPS} \
+         warm-up ({})",
+        others(cpu3)
     );
     println!("    {:<8} {:>9} {:>9} {:>12} {:>12}", "op", "p50 ms", "p99 ms", "p50 / RT p50", "round trips");
     let mut acquire_p50 = Duration::ZERO;
@@ -457,6 +514,7 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
 
     // 4. Throughput under contention.
     let hot: Vec<Collection<Document>> = plain.iter().map(|c| c.database(&name).collection("bench_raw")).collect();
+    let cpu_raw = cpu();
     let raw_run = hammer(hot, |coll: Collection<Document>, _task, _i| async move {
         let r = coll
             .update_one(doc! { "_id": "hot", "count": { "$lt": HUGE } }, doc! { "$inc": { "count": 1_i64 } })
@@ -469,13 +527,16 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
     .await?
     .0;
     let raw_rate = raw_run.len() as f64 / CONTENTION_WINDOW.as_secs_f64();
+    let others_raw = others(cpu_raw);
 
     let pods: Vec<(ResourceLeaseService, String)> =
         plain.iter().enumerate().map(|(i, c)| (service(c, &name, &defs), format!("pod{i}"))).collect();
+    let cpu64 = cpu();
     let run64 =
         hammer(pods, |(svc, pod): (ResourceLeaseService, String), task, i| pair(svc, pod, DEF_HOT_64.0, task, i))
             .await?
             .0;
+    let others64 = others(cpu64);
     let pairs64 = run64.iter().filter(|p| p.busy.is_none()).count();
     let busy64 = run64.len() - pairs64;
     let pair_rate = pairs64 as f64 / CONTENTION_WINDOW.as_secs_f64();
@@ -490,9 +551,11 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         pods8.push((service(&c, &name, &defs), format!("pod{i}")));
     }
     tracker.tracking.store(true, Ordering::SeqCst);
+    let cpu8 = cpu();
     let (run8, total8) =
         hammer(pods8, |(svc, pod): (ResourceLeaseService, String), task, i| pair(svc, pod, DEF_HOT_8.0, task, i))
             .await?;
+    let others8 = others(cpu8);
     let tally = std::mem::take(&mut *tracker.tally.lock().expect("tally lock"));
     tracker.tracking.store(false, Ordering::SeqCst);
     let attempts = std::mem::take(&mut *tracker.attempts.lock().expect("attempts lock"));
@@ -512,9 +575,9 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         CONTENTION_WARMUP.as_secs()
     );
     println!("    {:<44} {:>10}  notes", "workload", "rate/s");
-    println!("    {:<44} {:>10.0}  ops/s", "raw update_one {_id, count<huge} $inc", raw_rate);
+    println!("    {:<44} {:>10.0}  ops/s; {others_raw}", "raw update_one {_id, count<huge} $inc", raw_rate);
     println!(
-        "    {:<44} {:>10.0}  pairs/s; acquire p50 {:.2} ms p99 {:.2} ms; busy {busy64}",
+        "    {:<44} {:>10.0}  pairs/s; acquire p50 {:.2} ms p99 {:.2} ms; busy {busy64}; {others64}",
         "lease acquire+release, 1 level, cap 64",
         pair_rate,
         ms(a64_p50),
@@ -526,7 +589,7 @@ async fn run(uri: &str, admin: &Client, db: &Database) -> BenchResult<()> {
         met(efficiency >= EFFICIENCY_TARGET)
     );
     println!(
-        "    {:<44} {:>10.0}  pairs/s; acquire p50 {:.2} ms p99 {:.2} ms; busy {busy8}",
+        "    {:<44} {:>10.0}  pairs/s; acquire p50 {:.2} ms p99 {:.2} ms; busy {busy8}; {others8}",
         "lease acquire+release, 1 level, cap 8 (*)",
         pairs8 as f64 / CONTENTION_WINDOW.as_secs_f64(),
         ms(a8_p50),

@@ -20,6 +20,7 @@
 //! the client that needs it.
 
 use std::fmt;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -97,21 +98,47 @@ impl SessionRevoked {
 
 /// The guard refused a session or a call without the lease being lost: the resource is busy, the lease store is
 /// unavailable, or the lease reference is invalid. The session (if any) stays usable; only this step failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// `cause` carries the guard's own typed error (e.g. the lease error with its busy diagnosis: resource, level,
+/// occupancy, retry hint) for callers that know the guard's error type ([`SessionRefused::cause_as`]); this crate
+/// does not know those types. Equality compares code and message only.
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct SessionRefused {
     /// The stable machine code, e.g. `LEASE_BUSY`, `LEASE_UNAVAILABLE` or `INVALID_REQUEST`.
     pub code: String,
     /// A human-readable diagnosis (for `LEASE_BUSY`: resource, level and occupancy).
     pub message: String,
+    /// The guard's own error behind the refusal, if it has one.
+    #[source]
+    pub cause: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl SessionRefused {
     /// A refusal with the given code and message.
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
-        SessionRefused { code: code.into(), message: message.into() }
+        SessionRefused { code: code.into(), message: message.into(), cause: None }
+    }
+
+    /// Attaches the guard's own error (see [`SessionRefused::cause_as`]).
+    pub fn with_cause(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.cause = Some(Arc::new(cause));
+        self
+    }
+
+    /// The attached cause, if there is one and it is an `E`.
+    pub fn cause_as<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.cause.as_deref()?.downcast_ref::<E>()
     }
 }
+
+impl PartialEq for SessionRefused {
+    fn eq(&self, other: &Self) -> bool {
+        self.code == other.code && self.message == other.message
+    }
+}
+
+impl Eq for SessionRefused {}
 
 /// Why a guard operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -250,6 +277,20 @@ mod tests {
         assert!(!busy.is_revoked());
         assert_eq!(busy.code(), "LEASE_BUSY");
         assert_eq!(busy.to_string(), "LEASE_BUSY: browser: user level full");
+    }
+
+    #[test]
+    fn a_refusal_carries_its_typed_cause() {
+        #[derive(Debug, thiserror::Error, PartialEq)]
+        #[error("busy at level {0}")]
+        struct Busy(&'static str);
+
+        let refused = SessionRefused::new("LEASE_BUSY", "busy at level user").with_cause(Busy("user"));
+        assert_eq!(refused.cause_as::<Busy>(), Some(&Busy("user")));
+        assert!(refused.cause_as::<std::fmt::Error>().is_none());
+        assert_eq!(std::error::Error::source(&refused).map(ToString::to_string).as_deref(), Some("busy at level user"));
+        assert_eq!(refused, SessionRefused::new("LEASE_BUSY", "busy at level user"), "equality ignores the cause");
+        assert!(SessionRefused::new("X", "y").cause.is_none());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use lease_shared::LeaseError;
 use lease_toolpack::GuardError;
 
 /// Why an MCP operation failed.
@@ -83,6 +84,16 @@ pub enum McpError {
     /// ([`GuardError::Revoked`]: the session was closed; the next call opens a new one).
     #[error(transparent)]
     Guard(#[from] GuardError),
+    /// No config layer has a tool config of this name.
+    #[error("no tool named {tool:?} is configured")]
+    UnknownTool {
+        /// The tool's name.
+        tool: String,
+    },
+    /// The tool config could not be used (fail-closed): a layer could not be read or the winning document is
+    /// invalid (`LEASE_UNAVAILABLE`, naming the layer), or the tool name is malformed (`INVALID_REQUEST`).
+    #[error("tool config: {0}")]
+    ToolConfig(#[source] LeaseError),
 }
 
 impl McpError {
@@ -95,5 +106,17 @@ impl McpError {
     /// forgot it, or the transport is closed.
     pub fn is_session_dead(&self) -> bool {
         matches!(self, McpError::SessionExpired { .. } | McpError::Closed(_))
+    }
+
+    /// A stable machine code: the guard's (`LEASE_LOST`, `LEASE_BUSY`, `LEASE_UNAVAILABLE`, `INVALID_REQUEST`)
+    /// or the tool config's lease code, `TOOL_NOT_FOUND` for an unknown tool, `TOOL_ERROR` for everything the
+    /// MCP server or its transport did.
+    pub fn code(&self) -> &str {
+        match self {
+            McpError::Guard(g) => g.code(),
+            McpError::ToolConfig(e) => e.code(),
+            McpError::UnknownTool { .. } => "TOOL_NOT_FOUND",
+            _ => "TOOL_ERROR",
+        }
     }
 }

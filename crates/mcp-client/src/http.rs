@@ -74,8 +74,25 @@ struct Target {
     headers: HeaderMap,
 }
 
+impl HttpConfig {
+    /// Checks what a session would check before sending anything: an http(s) endpoint URL, valid header names
+    /// and values, no header the transport sets itself. Header values are not quoted in errors (secrets).
+    pub fn validate(&self) -> Result<(), McpError> {
+        Target::parse(self).map(drop)
+    }
+}
+
 impl Target {
     fn new(config: &HttpConfig) -> Result<Self, McpError> {
+        let (url, headers) = Self::parse(config)?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .build()
+            .map_err(|e| McpError::InvalidConfig(format!("HTTP client: {e}")))?;
+        Ok(Target { client, url, headers })
+    }
+
+    fn parse(config: &HttpConfig) -> Result<(Url, HeaderMap), McpError> {
         let url = Url::parse(&config.endpoint)
             .map_err(|e| McpError::InvalidConfig(format!("endpoint {:?}: {e}", config.endpoint)))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -94,11 +111,7 @@ impl Target {
             value.set_sensitive(true);
             headers.append(header, value);
         }
-        let client = reqwest::Client::builder()
-            .connect_timeout(config.connect_timeout)
-            .build()
-            .map_err(|e| McpError::InvalidConfig(format!("HTTP client: {e}")))?;
-        Ok(Target { client, url, headers })
+        Ok((url, headers))
     }
 
     fn endpoint(&self) -> String {

@@ -77,15 +77,16 @@ pub(crate) struct ListToolsResult {
     pub(crate) next_cursor: Option<String>,
 }
 
-/// The result of `tools/call`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// The result of `tools/call`. Serializes back to the protocol's JSON shape (`content`, `structuredContent` when
+/// present, `isError`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CallToolResult {
     /// The content blocks (`{"type": "text", "text": …}`, images, resources …), as sent.
     #[serde(default)]
     pub content: Vec<Value>,
     /// Structured output, if the tool declares an output schema.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_content: Option<Value>,
     /// Whether the tool reports a failure (a tool error, not a protocol error).
     #[serde(default)]

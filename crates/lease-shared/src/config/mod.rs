@@ -9,6 +9,8 @@
 //!   [`DefinitionSource`](crate::DefinitionSource).
 //! - [`settings`]: consumer settings (`tex.lease`) through the same layers, answered as a
 //!   [`LeaseRef`](crate::LeaseRef).
+//! - [`tools`]: tool config documents (`_vance/config/tools/<tool>.yaml`), the most specific layer's document as a
+//!   whole, for the MCP client.
 //!
 //! Everything here fails closed: a layer that cannot be read or parsed fails the load with `LEASE_UNAVAILABLE`
 //! naming the layer, and nothing is cached.
@@ -16,6 +18,7 @@
 pub mod documents;
 pub mod layers;
 pub mod settings;
+pub mod tools;
 
 pub use documents::{
     DOCUMENTS, DocumentChangeListener, DocumentChanged, DocumentStore, MemoryDocumentStore, MongoDocumentStore,
@@ -25,6 +28,7 @@ pub use layers::{
     definition_name, definition_path,
 };
 pub use settings::{SETTINGS_PATH, Setting, TEX_LEASE_SETTING, lease_ref_from_value};
+pub use tools::{TOOL_CONFIG_DIR, ToolDocument, tool_config_path};
 
 /// The tenant of the System layer.
 pub const SYSTEM_TENANT: &str = "_vance";

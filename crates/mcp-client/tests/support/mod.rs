@@ -1,6 +1,9 @@
 //! Test support: the real `@modelcontextprotocol/server-everything` (stdio and Streamable HTTP), a recording HTTP
 //! proxy in front of it, and a counting session guard.
 //!
+//! The brain's MCP tests include this module too (`#[path]`), so it names only `mcp_client` and crates the brain
+//! depends on.
+//!
 //! The server is found through `LEASE_MCP_EVERYTHING` (the path of its `dist/index.js`) or
 //! `scripts/mcp-servers.sh path`; without it the tests fail with instructions (they never skip).
 //! `LEASE_NODE` overrides the `node` binary.
@@ -18,10 +21,9 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
-use lease_toolpack::{
-    GuardError, GuardedSession, SessionContext, SessionGuard, SessionInfo, SessionRefused, SessionRevoked,
+use mcp_client::{
+    GuardError, GuardedSession, SessionContext, SessionGuard, SessionInfo, SessionRefused, SessionRevoked, StdioConfig,
 };
-use mcp_client::StdioConfig;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
