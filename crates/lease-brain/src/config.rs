@@ -30,6 +30,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("VANCE_LEASE_REAP_INTERVAL_MS", "vance.lease.reap-interval-ms"),
     ("VANCE_LEASE_RECONCILE_SAFETY_MS", "vance.lease.reconcile-safety-ms"),
     ("BRAIN_TEX2PDF_URL", "tex2pdf-url"),
+    ("BRAIN_TEX2PDF_POLL_MS", "tex2pdf-poll-ms"),
 ];
 
 /// The validated configuration of one brain.
@@ -61,6 +62,9 @@ pub struct BrainConfig {
     pub reconcile_safety: Duration,
     /// The remote tex2pdf compile service (`BRAIN_TEX2PDF_URL`); absent = the built-in test double.
     pub tex2pdf_url: Option<String>,
+    /// The longest pause between two polls of a compile job (`BRAIN_TEX2PDF_POLL_MS`, default 1 000). Every poll
+    /// checks the lease, so the tex definition's `ttlSeconds` must exceed it.
+    pub tex2pdf_poll_interval: Duration,
 }
 
 fn millis(
@@ -199,6 +203,7 @@ impl BrainConfig {
                 }
                 u => u,
             },
+            tex2pdf_poll_interval: millis(&env, "BRAIN_TEX2PDF_POLL_MS", 1_000)?,
         })
     }
 }

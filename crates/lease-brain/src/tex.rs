@@ -101,7 +101,7 @@ impl TexAddon {
             remote,
             double: Mutex::new(double),
             internal_secret: config.internal_secret.clone(),
-            compile: CompileConfig::default(),
+            compile: CompileConfig { poll_interval: config.tex2pdf_poll_interval, ..CompileConfig::default() },
         }
     }
 
