@@ -36,7 +36,7 @@ fi
 echo "test.sh: LEASE_TEST_MONGODB_URI=$LEASE_TEST_MONGODB_URI" >&2
 
 status=0
-# The end-to-end tests (crates/tests) spawn the brain binary: build it first, whatever subset is tested.
-cargo build -p lease-brain --bin brain || status=$?
+# The end-to-end tests (crates/tests) spawn the brain's binaries: build them first, whatever subset is tested.
+cargo build -p lease-brain --bins || status=$?
 [[ $status -eq 0 ]] && { cargo test --workspace "$@" || status=$?; }
 exit "$status"

@@ -33,14 +33,47 @@ pub async fn test_database(test: &str) -> (String, mongodb::Database) {
     (uri, db)
 }
 
-/// The `brain` binary of this workspace (built by `cargo test --workspace` with the lease-brain tests, or by
-/// `cargo build -p lease-brain --bin brain`).
-pub fn brain_binary() -> PathBuf {
+/// A binary of this workspace's lease-brain package (`brain`, `tex2pdf-double`), built by `scripts/test.sh`
+/// (`cargo build -p lease-brain --bins`) before the tests run.
+pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> → target/<profile>/brain
-    let path = exe.parent().and_then(|deps| deps.parent()).map(|dir| dir.join("brain")).expect("target dir");
-    assert!(path.exists(), "{} is missing: run `cargo build -p lease-brain --bin brain` first", path.display());
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let path = exe.parent().and_then(|deps| deps.parent()).map(|dir| dir.join(name)).expect("target dir");
+    assert!(path.exists(), "{} is missing: run `cargo build -p lease-brain --bins` first", path.display());
     path
+}
+
+/// The tex2pdf test double as a process of its own, shared by several brains.
+#[derive(Debug)]
+pub struct DoubleProcess {
+    /// Its base URL.
+    pub url: String,
+    _child: Child,
+}
+
+impl DoubleProcess {
+    /// Starts the double with `max_concurrent` jobs (0 = unlimited) of `job_ms` each.
+    pub async fn start(max_concurrent: usize, job_ms: u64) -> DoubleProcess {
+        let port = free_port();
+        let child = Command::new(binary("tex2pdf-double"))
+            .env("TEX2PDF_DOUBLE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("TEX2PDF_DOUBLE_MAX_CONCURRENT", max_concurrent.to_string())
+            .env("TEX2PDF_DOUBLE_JOB_MS", job_ms.to_string())
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the tex2pdf double");
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..400 {
+            if reqwest::get(format!("{url}/stats")).await.is_ok() {
+                return DoubleProcess { url, _child: child };
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the tex2pdf double never answered");
+    }
 }
 
 /// A free loopback port.
@@ -63,10 +96,10 @@ impl BrainProcess {
     /// environment variables. Waits until it is ready.
     pub async fn start(uri: &str, db: &str, pod: &str, extra: &[(&str, &str)]) -> BrainProcess {
         let port = free_port();
-        let mut cmd = Command::new(brain_binary());
+        let mut cmd = Command::new(binary("brain"));
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "error")
             .env("BRAIN_LISTEN", format!("127.0.0.1:{port}"))
             .env("BRAIN_MONGODB_URI", uri)
             .env("BRAIN_MONGODB_DATABASE", db)

@@ -10,8 +10,8 @@ use mongodb::bson::doc;
 use rand::Rng;
 use serde_json::{Value, json};
 use tests::{
-    BrainProcess, INTERNAL_HEADER, INTERNAL_SECRET, callback_server, counters, holders, test_database, token,
-    wait_for_callbacks,
+    BrainProcess, DoubleProcess, INTERNAL_HEADER, INTERNAL_SECRET, callback_server, counters, holders, test_database,
+    token, wait_for_callbacks,
 };
 
 fn webhook(lease: Value, project: &str, callback: &str) -> Value {
@@ -195,5 +195,56 @@ async fn many_clients_on_three_pods_never_exceed_a_cap_and_counters_end_equal_to
     for c in counters(&db).await {
         assert_eq!(c.get_i64("count").unwrap(), 0, "counter {} drifted", c.get_str("_id").unwrap());
     }
+    let _ = db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_pod_bound_compile_is_only_released_while_a_webhook_lease_runs_its_handler_on_the_reaper() {
+    let (uri, db) = test_database("kill9_bound").await;
+    // Jobs run for a minute: the compile is still polling when its pod dies.
+    let double = DoubleProcess::start(0, 60_000).await;
+    let env = [("BRAIN_TEX2PDF_URL", double.url.as_str())];
+    let mut a = BrainProcess::start(&uri, db.name(), "pod-a", &env).await;
+    let b = BrainProcess::start(&uri, db.name(), "pod-b", &env).await;
+    let http = reqwest::Client::new();
+    let (callback, seen) = callback_server().await;
+    let bearer = token("t1", "u1");
+    let inline = json!({ "name": "job", "levels": { "project": 1 }, "ttlSeconds": 600 });
+    granted_token(acquire(&http, &a.base, &bearer, &webhook(inline, "p1", &callback)).await).await;
+    let compile = {
+        let (http, url, bearer) = (http.clone(), format!("{}/api/v1/projects/p2/tex/compile", a.base), bearer.clone());
+        tokio::spawn(async move { http.post(url).bearer_auth(bearer).json(&json!({ "source": "x" })).send().await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !holders(&db).await.iter().any(|h| h.get_str("type") == Ok("tex") && h.get_str("state") == Ok("HELD")) {
+        assert!(tokio::time::Instant::now() < deadline, "the compile never held its lease");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let tex = holders(&db).await.into_iter().find(|h| h.get_str("type") == Ok("tex")).unwrap();
+    assert_eq!(tex.get_bool("podBound"), Ok(true));
+
+    a.kill9().await;
+    assert!(compile.await.unwrap().is_err(), "the compile's pod is dead: its caller loses the connection");
+    let calls = wait_for_callbacks(&seen, 1, Duration::from_secs(30)).await;
+    assert_eq!(calls.len(), 1);
+    assert_eq!((calls[0]["reason"].as_str(), calls[0]["handledBy"].as_str()), (Some("pod"), Some("pod-b")));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !holders(&db).await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the dead pod's tex holder was never reaped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = http.get(format!("{}/metrics", b.base)).send().await.unwrap().text().await.unwrap();
+    let count = |outcome: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("vance_lease_dispatch_total") && l.contains(&format!("outcome=\"{outcome}\"")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(count("released-only"), 1.0, "the pod-bound compile is only released: {metrics}");
+    assert_eq!(count("local"), 1.0, "the webhook lease's handler ran on the reaper pod");
+    let total: i64 = counters(&db).await.iter().map(|c| c.get_i64("count").unwrap_or(0)).sum();
+    assert_eq!(total, 0, "every slot of the dead pod is returned");
     let _ = db.drop().await;
 }
