@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::Method;
-use lease_brain::BrainConfig;
 use lease_brain::dispatch::RevokedHolder;
 use lease_shared::store::{HolderRecord, LeaseStore, MongoStore};
 use lease_shared::{ResourceLeaseService, RevocationReason, StaticDefinitions};
 use mcp_support::{EverythingHttp, RecordingProxy};
 use serde_json::{Value, json};
-use support::{INTERNAL_SECRET, JWT_SECRET, Pod, test_database, token};
+use support::{INTERNAL_SECRET, Pod, test_database, token};
 
 /// A hang guard for waiting on asynchronous effects; never a timing assertion.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -34,17 +33,7 @@ struct IsolatedPod {
 impl IsolatedPod {
     async fn start(uri: &str, db: &str, pod_id: &str) -> IsolatedPod {
         let port = support::free_port();
-        let vars = [
-            ("BRAIN_LISTEN", format!("127.0.0.1:{port}")),
-            ("BRAIN_MONGODB_URI", uri.to_owned()),
-            ("BRAIN_MONGODB_DATABASE", db.to_owned()),
-            ("BRAIN_POD_ID", pod_id.to_owned()),
-            ("BRAIN_INTERNAL_SECRET", INTERNAL_SECRET.to_owned()),
-            ("BRAIN_JWT_SECRET", JWT_SECRET.to_owned()),
-            ("BRAIN_HEARTBEAT_INTERVAL_MS", "200".to_owned()),
-            ("BRAIN_HEARTBEAT_STALENESS_MS", "2000".to_owned()),
-        ];
-        let config = BrainConfig::from_env(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
+        let config = support::pod_config(uri, db, pod_id, port, &[]);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -53,14 +42,8 @@ impl IsolatedPod {
             .expect("pod runtime");
         runtime.spawn(lease_brain::server::run(config, std::future::pending()));
         let base = format!("http://127.0.0.1:{port}");
-        let pod = IsolatedPod { base, runtime: Some(runtime) };
-        for _ in 0..400 {
-            if reqwest::get(format!("{}/readyz", pod.base)).await.is_ok_and(|r| r.status() == 200) {
-                return pod;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("pod {pod_id} never became ready");
+        support::await_ready(&base, pod_id).await;
+        IsolatedPod { base, runtime: Some(runtime) }
     }
 
     /// Kills the pod: its runtime is shut down from a thread outside any runtime, so that nothing dropped there

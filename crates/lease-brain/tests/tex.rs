@@ -2,6 +2,8 @@
 //! revocation can be delivered without touching the lease), and real brain pods in-process over loopback HTTP
 //! with lease state in the real MongoDB (one database per test) and one shared test double as "the service".
 
+mod support;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,8 +14,6 @@ use addon_tex::{
     TexCompiler, TexLeaseHandler,
 };
 use futures_util::future::join_all;
-use lease_brain::BrainConfig;
-use lease_brain::auth::JwtKeys;
 use lease_brain::dispatch::RevokedHolder;
 use lease_brain::tex2pdf_double::{self, DoubleConfig, DoubleHandle, source_hash};
 use lease_shared::config::SETTINGS_PATH;
@@ -24,11 +24,10 @@ use lease_shared::{
 };
 use mongodb::bson::{Document, doc};
 use serde_json::{Value, json};
+use support::{INTERNAL_SECRET, Pod, free_port, test_database, token};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-const JWT_SECRET: &str = "test-jwt-secret-0123456789";
-const INTERNAL_SECRET: &str = "test-internal-secret-0123456789";
 const SECRET_HEADER: &str = "x-vance-internal-secret";
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -39,81 +38,9 @@ async fn double(max_concurrent: Option<usize>, job_duration: Duration) -> Double
     tex2pdf_double::start(SocketAddr::from(([127, 0, 0, 1], 0)), config).await.unwrap()
 }
 
-fn mongodb_uri() -> String {
-    std::env::var("LEASE_TEST_MONGODB_URI").unwrap_or_else(|_| {
-        panic!("LEASE_TEST_MONGODB_URI is not set: run the tests with scripts/test.sh (it starts a real mongod)")
-    })
-}
-
-async fn test_database(test: &str) -> (String, mongodb::Database) {
-    let uri = mongodb_uri();
-    let client = mongodb::Client::with_uri_str(&uri).await.expect("test MongoDB URI");
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    let db = client.database(&format!("lb_{test}_{}_{nanos:x}", std::process::id()));
-    db.run_command(doc! { "ping": 1 }).await.unwrap_or_else(|e| panic!("test MongoDB at {uri} unreachable: {e}"));
-    (uri, db)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// One brain pod in this process.
-struct Pod {
-    base: String,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), lease_brain::server::StartError>>>,
-}
-
-impl Pod {
-    async fn start(uri: &str, db: &str, pod_id: &str, tex2pdf_url: &str) -> Pod {
-        let port = free_port();
-        let vars = [
-            ("BRAIN_LISTEN", format!("127.0.0.1:{port}")),
-            ("BRAIN_MONGODB_URI", uri.to_owned()),
-            ("BRAIN_MONGODB_DATABASE", db.to_owned()),
-            ("BRAIN_POD_ID", pod_id.to_owned()),
-            ("BRAIN_INTERNAL_SECRET", INTERNAL_SECRET.to_owned()),
-            ("BRAIN_JWT_SECRET", JWT_SECRET.to_owned()),
-            ("BRAIN_HEARTBEAT_INTERVAL_MS", "200".to_owned()),
-            ("BRAIN_HEARTBEAT_STALENESS_MS", "2000".to_owned()),
-            ("BRAIN_TEX2PDF_URL", tex2pdf_url.to_owned()),
-        ];
-        let config = BrainConfig::from_env(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(lease_brain::server::run(config, async {
-            let _ = rx.await;
-        }));
-        let base = format!("http://127.0.0.1:{port}");
-        for _ in 0..400 {
-            if reqwest::get(format!("{base}/readyz")).await.is_ok_and(|r| r.status() == 200) {
-                return Pod { base, stop: Some(tx), task: Some(task) };
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("pod {pod_id} never became ready");
-    }
-
-    /// Ends the pod without any shutdown step (its store may be unreachable).
-    fn kill(&mut self) {
-        self.stop.take();
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
-
-    async fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            task.await.unwrap().unwrap();
-        }
-    }
-}
-
-fn token(tenant: &str, user: &str) -> String {
-    JwtKeys::new(JWT_SECRET).mint(tenant, user, &[], 600)
+/// A pod whose tex add-on compiles against `tex2pdf_url`.
+async fn tex_pod(uri: &str, db: &str, pod_id: &str, tex2pdf_url: &str) -> Pod {
+    Pod::start_with(uri, db, pod_id, &[("BRAIN_TEX2PDF_URL", tex2pdf_url)]).await
 }
 
 /// A compile's HTTP answer.
@@ -443,7 +370,7 @@ async fn a_failed_job_ends_with_its_log_and_tex_lease_none_takes_no_lease() {
 async fn compile_endpoint_checks_its_caller_and_returns_the_pdf_under_a_lease() {
     let (uri, db) = test_database("tex_endpoint").await;
     let double = double(Some(6), Duration::from_millis(800)).await;
-    let mut pod = Pod::start(&uri, db.name(), "pod-a", double.base_url()).await;
+    let mut pod = tex_pod(&uri, db.name(), "pod-a", double.base_url()).await;
     let http = reqwest::Client::new();
     let bearer = token("t1", "u1");
     let url = format!("{}/api/v1/projects/p1/tex/compile", pod.base);
@@ -522,8 +449,8 @@ async fn twenty_concurrent_compiles_of_one_project_from_two_pods_are_serialized_
     let job = Duration::from_millis(300);
     // The double takes as many jobs as the global cap: anything the lease let through beyond that would be a 429.
     let double = double(Some(6), job).await;
-    let mut a = Pod::start(&uri, db.name(), "pod-a", double.base_url()).await;
-    let mut b = Pod::start(&uri, db.name(), "pod-b", double.base_url()).await;
+    let mut a = tex_pod(&uri, db.name(), "pod-a", double.base_url()).await;
+    let mut b = tex_pod(&uri, db.name(), "pod-b", double.base_url()).await;
     let http = reqwest::Client::new();
 
     let started = Instant::now();
@@ -573,8 +500,8 @@ async fn twenty_concurrent_compiles_of_one_project_from_two_pods_are_serialized_
 async fn compiles_across_tenants_and_projects_stay_within_the_global_and_tenant_caps() {
     let (uri, db) = test_database("tex_funnel").await;
     let double = double(Some(6), Duration::from_millis(500)).await;
-    let mut a = Pod::start(&uri, db.name(), "pod-a", double.base_url()).await;
-    let mut b = Pod::start(&uri, db.name(), "pod-b", double.base_url()).await;
+    let mut a = tex_pod(&uri, db.name(), "pod-a", double.base_url()).await;
+    let mut b = tex_pod(&uri, db.name(), "pod-b", double.base_url()).await;
     let http = reqwest::Client::new();
 
     // 3 tenants × 4 projects × 2 compiles: tenant caps (3 × 3) exceed the global cap (6).
@@ -608,8 +535,8 @@ async fn compiles_across_tenants_and_projects_stay_within_the_global_and_tenant_
 async fn with_tex_lease_none_the_same_load_reaches_the_service_unguarded() {
     let (uri, db) = test_database("tex_none").await;
     let double = double(Some(2), Duration::from_millis(400)).await;
-    let mut a = Pod::start(&uri, db.name(), "pod-a", double.base_url()).await;
-    let mut b = Pod::start(&uri, db.name(), "pod-b", double.base_url()).await;
+    let mut a = tex_pod(&uri, db.name(), "pod-a", double.base_url()).await;
+    let mut b = tex_pod(&uri, db.name(), "pod-b", double.base_url()).await;
     let http = reqwest::Client::new();
     let written = http
         .put(format!("{}/internal/documents", a.base))
@@ -649,8 +576,8 @@ async fn with_tex_lease_none_the_same_load_reaches_the_service_unguarded() {
 async fn a_revocation_during_polling_aborts_the_compile_and_frees_the_slot_and_a_late_one_changes_nothing() {
     let (uri, db) = test_database("tex_revoke").await;
     let double = double(Some(6), Duration::from_secs(120)).await;
-    let mut a = Pod::start(&uri, db.name(), "pod-a", double.base_url()).await;
-    let mut b = Pod::start(&uri, db.name(), "pod-b", double.base_url()).await;
+    let mut a = tex_pod(&uri, db.name(), "pod-a", double.base_url()).await;
+    let mut b = tex_pod(&uri, db.name(), "pod-b", double.base_url()).await;
     let http = reqwest::Client::new();
     let revoke = |base: &str, token: &str| {
         http.post(format!("{base}/internal/lease/admin/revoke"))
@@ -751,7 +678,7 @@ async fn a_mongodb_outage_during_polling_ends_the_compile_with_an_error_not_a_ha
     let proxied =
         format!("mongodb://{}/?serverSelectionTimeoutMS=1500&connectTimeoutMS=1000&directConnection=true", proxy.addr);
     let double = double(Some(6), Duration::from_secs(120)).await;
-    let mut pod = Pod::start(&proxied, db.name(), "pod-a", double.base_url()).await;
+    let mut pod = tex_pod(&proxied, db.name(), "pod-a", double.base_url()).await;
     let http = reqwest::Client::new();
 
     let (h, base) = (http.clone(), pod.base.clone());
@@ -777,7 +704,7 @@ async fn a_mongodb_outage_during_polling_ends_the_compile_with_an_error_not_a_ha
 async fn an_unreachable_service_is_a_remote_error_that_names_no_address_and_releases_the_lease() {
     let (uri, db) = test_database("tex_unreachable").await;
     let closed = format!("http://127.0.0.1:{}", free_port());
-    let mut pod = Pod::start(&uri, db.name(), "pod-a", &closed).await;
+    let mut pod = tex_pod(&uri, db.name(), "pod-a", &closed).await;
     let http = reqwest::Client::new();
     let answer = compile(&http, &pod.base, &token("t1", "u1"), "p1", json!({ "source": "x" })).await;
     assert_eq!((answer.status, answer.code().as_deref()), (502, Some("TEX_REMOTE_ERROR")), "{answer:?}");

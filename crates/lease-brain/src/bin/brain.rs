@@ -73,7 +73,7 @@ async fn main() -> ExitCode {
             println!("{}", JwtKeys::new(secret).mint(&tenant, &user, &roles, ttl_seconds));
             ExitCode::SUCCESS
         }
-        None => match lease_brain::server::run(config, shutdown_signal()).await {
+        None => match lease_brain::server::run(config, lease_brain::server::shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!("brain stopped: {e}");
@@ -81,22 +81,4 @@ async fn main() -> ExitCode {
             }
         },
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }

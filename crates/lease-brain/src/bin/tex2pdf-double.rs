@@ -58,27 +58,9 @@ async fn main() -> ExitCode {
         "tex2pdf TEST DOUBLE listening (fake PDFs, no LaTeX)"
     );
     println!("{}", double.base_url());
-    shutdown_signal().await;
+    lease_brain::server::shutdown_signal().await;
     let stats = double.stats();
     double.shutdown().await;
     tracing::info!(?stats, "tex2pdf test double stopped");
     ExitCode::SUCCESS
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
 }

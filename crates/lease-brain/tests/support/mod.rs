@@ -41,32 +41,53 @@ pub struct Pod {
     task: Option<tokio::task::JoinHandle<Result<(), lease_brain::server::StartError>>>,
 }
 
+/// The configuration of a test pod: loopback, the test secrets, short heartbeats; `extra` adds or overrides
+/// variables.
+pub fn pod_config(uri: &str, db: &str, pod_id: &str, port: u16, extra: &[(&str, &str)]) -> BrainConfig {
+    let mut vars = vec![
+        ("BRAIN_LISTEN", format!("127.0.0.1:{port}")),
+        ("BRAIN_MONGODB_URI", uri.to_owned()),
+        ("BRAIN_MONGODB_DATABASE", db.to_owned()),
+        ("BRAIN_POD_ID", pod_id.to_owned()),
+        ("BRAIN_INTERNAL_SECRET", INTERNAL_SECRET.to_owned()),
+        ("BRAIN_JWT_SECRET", JWT_SECRET.to_owned()),
+        ("BRAIN_HEARTBEAT_INTERVAL_MS", "200".to_owned()),
+        ("BRAIN_HEARTBEAT_STALENESS_MS", "2000".to_owned()),
+    ];
+    for (k, v) in extra {
+        vars.retain(|(n, _)| n != k);
+        vars.push((k, (*v).to_owned()));
+    }
+    BrainConfig::from_env(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap()
+}
+
+/// Waits (bounded) until a pod answers ready at `base`.
+pub async fn await_ready(base: &str, pod_id: &str) {
+    for _ in 0..400 {
+        if reqwest::get(format!("{base}/readyz")).await.is_ok_and(|r| r.status() == 200) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("pod {pod_id} never became ready");
+}
+
 impl Pod {
     pub async fn start(uri: &str, db: &str, pod_id: &str) -> Pod {
+        Self::start_with(uri, db, pod_id, &[]).await
+    }
+
+    /// A pod with extra configuration variables.
+    pub async fn start_with(uri: &str, db: &str, pod_id: &str, extra: &[(&str, &str)]) -> Pod {
         let port = free_port();
-        let vars = [
-            ("BRAIN_LISTEN", format!("127.0.0.1:{port}")),
-            ("BRAIN_MONGODB_URI", uri.to_owned()),
-            ("BRAIN_MONGODB_DATABASE", db.to_owned()),
-            ("BRAIN_POD_ID", pod_id.to_owned()),
-            ("BRAIN_INTERNAL_SECRET", INTERNAL_SECRET.to_owned()),
-            ("BRAIN_JWT_SECRET", JWT_SECRET.to_owned()),
-            ("BRAIN_HEARTBEAT_INTERVAL_MS", "200".to_owned()),
-            ("BRAIN_HEARTBEAT_STALENESS_MS", "2000".to_owned()),
-        ];
-        let config = BrainConfig::from_env(|k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone())).unwrap();
+        let config = pod_config(uri, db, pod_id, port, extra);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(lease_brain::server::run(config, async {
             let _ = rx.await;
         }));
         let base = format!("http://127.0.0.1:{port}");
-        for _ in 0..200 {
-            if reqwest::get(format!("{base}/readyz")).await.is_ok_and(|r| r.status() == 200) {
-                return Pod { base, stop: Some(tx), task: Some(task) };
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("pod {pod_id} never became ready");
+        await_ready(&base, pod_id).await;
+        Pod { base, stop: Some(tx), task: Some(task) }
     }
 
     /// Ends the pod without any shutdown step (no stopped mark): its registry entry still looks alive until
