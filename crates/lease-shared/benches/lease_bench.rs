@@ -661,7 +661,7 @@ async fn primitives(client: &Client, db: &str) -> BenchResult<Vec<(&'static str,
         store.push_level(&token, &id, true).await?;
         times[2] = t.elapsed();
         let t = Instant::now();
-        store.touch(&token).await?;
+        store.touch(&token, None).await?;
         times[3] = t.elapsed();
         let t = Instant::now();
         let deleted = store.delete_holder(&token, DeleteCondition::Any).await?.ok_or("holder vanished")?;

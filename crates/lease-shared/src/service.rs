@@ -148,6 +148,11 @@ fn validate_id(field: &str, id: &str) -> Result<(), LeaseError> {
     Ok(())
 }
 
+/// The longest pause between two polls of a full level while an acquisition waits.
+const MAX_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// How often a waiting acquisition sweeps the resource for idle holders again.
+const SWEEP_WHILE_WAITING_EVERY: Duration = Duration::from_secs(1);
+
 /// The prefix of the project-private resource of an inline definition.
 pub const INLINE_RESOURCE_PREFIX: &str = "mcp-inline:";
 
@@ -294,27 +299,41 @@ impl ResourceLeaseService {
                 Err(Refused::Full(key, cap)) => (key, cap),
             };
             // The lazy sweep: a full level may be full of idle holders. Only this resource, only idle.
-            match self.inner.reaper.reap_idle(Some(&def.resource)).await {
-                Ok(n) if n > 0 => continue,
-                Ok(_) => {}
-                Err(e) => return Err(e.into()),
+            if self.inner.reaper.reap_idle(Some(&def.resource)).await? > 0 {
+                continue;
             }
-            let now = Instant::now();
-            if now >= deadline {
-                let occupancy = self.inner.store.occupancy(&key).await?;
-                return Err(LeaseError::Busy(Box::new(BusyDetails {
-                    resource: key.resource,
-                    level: key.level,
-                    scope: key.scope,
-                    count: occupancy.count,
-                    cap,
-                    retry_after_ms: occupancy.retry_after_ms,
-                })));
+            // Wait for room by polling the full counter with a cheap read (one round trip instead of a refused
+            // pass through the funnel), with full jitter so that waiting pods do not race it in lockstep; sweep
+            // again now and then, since holders go idle while we wait.
+            let mut last_sweep = Instant::now();
+            loop {
+                let now = Instant::now();
+                if now >= deadline {
+                    let occupancy = self.inner.store.occupancy(&key).await?;
+                    return Err(LeaseError::Busy(Box::new(BusyDetails {
+                        resource: key.resource,
+                        level: key.level,
+                        scope: key.scope,
+                        count: occupancy.count,
+                        cap,
+                        retry_after_ms: occupancy.retry_after_ms,
+                    })));
+                }
+                let sleep = rand::rng().random_range(backoff / 2..=backoff).min(deadline - now);
+                tokio::time::sleep(sleep).await;
+                backoff = (backoff * 2).min(MAX_POLL_INTERVAL);
+                match self.inner.store.counter_count(&key).await? {
+                    Some(count) if count >= i64::from(cap) => {
+                        if last_sweep.elapsed() >= SWEEP_WHILE_WAITING_EVERY {
+                            last_sweep = Instant::now();
+                            if self.inner.reaper.reap_idle(Some(&def.resource)).await? > 0 {
+                                break;
+                            }
+                        }
+                    }
+                    _ => break,
+                }
             }
-            // Full jitter: waiting pods must not race the counter in lockstep.
-            let sleep = rand::rng().random_range(backoff / 2..=backoff).min(deadline - now);
-            tokio::time::sleep(sleep).await;
-            backoff = (backoff * 2).min(Duration::from_millis(250));
         }
     }
 
@@ -409,7 +428,7 @@ impl ResourceLeaseService {
 
     /// Check-at-use and touch: `LEASE_LOST` if the holder is gone.
     pub async fn check(&self, token: &str, resource: &str) -> Result<(), LeaseError> {
-        if self.inner.store.touch(token).await? {
+        if self.inner.store.touch(token, None).await? {
             metrics::checked(resource, "ok");
             Ok(())
         } else {
@@ -420,7 +439,7 @@ impl ResourceLeaseService {
 
     /// Replaces the payload of a held lease; `LEASE_LOST` if the holder is gone.
     pub async fn update_payload(&self, token: &str, payload: &Payload) -> Result<(), LeaseError> {
-        if self.inner.store.set_payload(token, payload).await? {
+        if self.inner.store.set_payload(token, None, payload).await? {
             Ok(())
         } else {
             Err(LeaseError::Lost { token: token.to_owned() })
@@ -459,17 +478,19 @@ impl ResourceLeaseService {
         }
     }
 
-    /// [`Self::update_payload`] bound to `tenant`: `Ok(false)` (nothing written) for another tenant's lease.
+    /// [`Self::update_payload`] bound to `tenant` (the tenant is part of the write's filter: one round trip):
+    /// `Ok(false)` (nothing written) for another tenant's lease.
     pub async fn update_payload_for_tenant(
         &self,
         token: &str,
         tenant: &str,
         payload: &Payload,
     ) -> Result<bool, LeaseError> {
-        match self.holder_in_tenant(token, tenant).await? {
-            Some(_) => self.update_payload(token, payload).await.map(|()| true),
-            None => Ok(false),
+        if self.inner.store.set_payload(token, Some(tenant), payload).await? {
+            return Ok(true);
         }
+        // Nothing matched: lost, or another tenant's.
+        self.holder_in_tenant(token, tenant).await.map(|_| false)
     }
 
     /// [`Self::release`] bound to `tenant` (the tenant is part of the delete filter): `Ok(None)` (nothing

@@ -23,6 +23,7 @@ on_both_stores!(
     caps_hold_under_concurrent_acquirers_on_two_services,
     busy_after_wait_names_level_and_occupancy,
     slot_freed_during_the_wait_is_taken,
+    waiting_polls_the_full_counter_instead_of_running_the_funnel_again,
     check_after_holder_deleted_behind_its_back_is_lost,
     checks_in_the_same_millisecond_both_succeed,
     invalid_requests_are_rejected_without_writing,
@@ -272,6 +273,18 @@ async fn slot_freed_during_the_wait_is_taken(backend: Backend) {
     let lease = waiter.await.unwrap().expect("the freed slot goes to the waiter");
     assert_eq!(fx.raw.holder(lease.token().unwrap()).await.unwrap().unwrap().user_id.as_deref(), Some("u2"));
     lease.release().await.unwrap();
+    fx.drop_database().await;
+}
+
+async fn waiting_polls_the_full_counter_instead_of_running_the_funnel_again(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let svc = fx.service(&[def("name: one\nlevels: {project: 1}\nwaitMs: 600\nttlSeconds: 30\n")]);
+    let held = svc.acquire(request("one", "t1", "p1", "u1")).await.unwrap();
+    let (funnels, polls) = (fx.store.calls("insert_holder"), fx.store.calls("counter_count"));
+    assert_eq!(svc.acquire(request("one", "t1", "p1", "u2")).await.unwrap_err().code(), "LEASE_BUSY");
+    assert_eq!(fx.store.calls("insert_holder") - funnels, 1, "the wait ran the funnel again while the level was full");
+    assert!(fx.store.calls("counter_count") - polls >= 2, "the wait did not poll the counter");
+    held.release().await.unwrap();
     fx.drop_database().await;
 }
 

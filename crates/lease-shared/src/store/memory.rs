@@ -168,17 +168,24 @@ impl LeaseStore for MemoryStore {
             .is_some())
     }
 
-    async fn touch(&self, token: &str) -> StoreResult<bool> {
-        let now = self.clock.now_ms();
-        Ok(self.state().holders.get_mut(token).map(|h| h.last_seen_at_ms = now).is_some())
-    }
-
-    async fn set_payload(&self, token: &str, payload: &Payload) -> StoreResult<bool> {
+    async fn touch(&self, token: &str, tenant: Option<&str>) -> StoreResult<bool> {
         let now = self.clock.now_ms();
         Ok(self
             .state()
             .holders
             .get_mut(token)
+            .filter(|h| tenant.is_none_or(|t| h.tenant_id == t))
+            .map(|h| h.last_seen_at_ms = now)
+            .is_some())
+    }
+
+    async fn set_payload(&self, token: &str, tenant: Option<&str>, payload: &Payload) -> StoreResult<bool> {
+        let now = self.clock.now_ms();
+        Ok(self
+            .state()
+            .holders
+            .get_mut(token)
+            .filter(|h| tenant.is_none_or(|t| h.tenant_id == t))
             .map(|h| {
                 h.payload = payload.clone();
                 h.last_seen_at_ms = now;
@@ -219,6 +226,10 @@ impl LeaseStore for MemoryStore {
         let state = self.state();
         let idle = state.holders_where(|h| resource.is_none_or(|r| h.resource == r) && Self::is_idle(h, now));
         Ok(idle.into_iter().map(|h| h.token.clone()).collect())
+    }
+
+    async fn counter_count(&self, key: &CounterKey) -> StoreResult<Option<i64>> {
+        Ok(self.state().counters.get(&key.id()).map(|c| c.count))
     }
 
     async fn occupancy(&self, key: &CounterKey) -> StoreResult<Occupancy> {

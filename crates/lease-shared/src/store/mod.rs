@@ -217,12 +217,16 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug + 'static {
     /// Returns `false` if the holder no longer exists.
     async fn push_level(&self, token: &str, counter_id: &str, held: bool) -> StoreResult<bool>;
 
-    /// Sets `lastSeenAt` to store time. Returns whether the holder exists (*matched*, not *modified*: two
-    /// touches in one millisecond both succeed).
-    async fn touch(&self, token: &str) -> StoreResult<bool>;
+    /// Sets `lastSeenAt` to store time. Returns whether the holder exists — in `tenant`, when given (the tenant is
+    /// part of the filter) — counting a *matched* document, not a *modified* one: two touches in one millisecond
+    /// both succeed.
+    async fn touch(&self, token: &str, tenant: Option<&str>) -> StoreResult<bool>;
 
-    /// Replaces the payload (and touches). Returns whether the holder exists.
-    async fn set_payload(&self, token: &str, payload: &Payload) -> StoreResult<bool>;
+    /// Replaces the payload (and touches). Returns whether the holder exists (in `tenant`, when given).
+    async fn set_payload(&self, token: &str, tenant: Option<&str>, payload: &Payload) -> StoreResult<bool>;
+
+    /// The count of one counter, `None` if it does not exist: the cheap read a waiting acquisition polls.
+    async fn counter_count(&self, key: &CounterKey) -> StoreResult<Option<i64>>;
 
     /// Deletes the holder if it exists and meets `condition`, returning the deleted document. Whoever gets the
     /// document back owns the decrement of its `levels`.

@@ -136,6 +136,15 @@ fn holder_from(d: Document) -> HolderRecord {
     }
 }
 
+/// `{_id: token}`, plus the tenant when the caller is bound to one.
+fn holder_filter(token: &str, tenant: Option<&str>) -> Document {
+    let mut filter = doc! { "_id": token };
+    if let Some(t) = tenant {
+        filter.insert("tenantId", t);
+    }
+    filter
+}
+
 fn resource_filter(resource: Option<&str>) -> Document {
     resource.map_or_else(Document::new, |r| doc! { "resource": r })
 }
@@ -227,20 +236,20 @@ impl LeaseStore for MongoStore {
         Ok(r.matched_count == 1)
     }
 
-    async fn touch(&self, token: &str) -> StoreResult<bool> {
+    async fn touch(&self, token: &str, tenant: Option<&str>) -> StoreResult<bool> {
         let r = self
             .holders
-            .update_one(doc! { "_id": token }, doc! { "$currentDate": { "lastSeenAt": true } })
+            .update_one(holder_filter(token, tenant), doc! { "$currentDate": { "lastSeenAt": true } })
             .await
             .map_err(store_error("touch"))?;
         Ok(r.matched_count == 1)
     }
 
-    async fn set_payload(&self, token: &str, payload: &Payload) -> StoreResult<bool> {
+    async fn set_payload(&self, token: &str, tenant: Option<&str>, payload: &Payload) -> StoreResult<bool> {
         let r = self
             .holders
             .update_one(
-                doc! { "_id": token },
+                holder_filter(token, tenant),
                 doc! { "$set": { "payload": to_bson_payload(payload)? }, "$currentDate": { "lastSeenAt": true } },
             )
             .await
@@ -265,16 +274,14 @@ impl LeaseStore for MongoStore {
     }
 
     async fn decrement(&self, counter_ids: &[String]) -> StoreResult<()> {
-        if counter_ids.is_empty() {
-            return Ok(());
-        }
-        self.counters
-            .update_many(
-                doc! { "_id": { "$in": counter_ids } },
-                doc! { "$inc": { "count": -1_i64 }, "$currentDate": { "updatedAt": true } },
-            )
-            .await
-            .map_err(store_error("decrement"))?;
+        let update = doc! { "$inc": { "count": -1_i64 }, "$currentDate": { "updatedAt": true } };
+        let result = match counter_ids {
+            [] => return Ok(()),
+            // One counter: the `_id`-only fast path instead of a multi-document `$in` update.
+            [id] => self.counters.update_one(doc! { "_id": id }, update).await,
+            ids => self.counters.update_many(doc! { "_id": { "$in": ids } }, update).await,
+        };
+        result.map_err(store_error("decrement"))?;
         Ok(())
     }
 
@@ -291,6 +298,16 @@ impl LeaseStore for MongoStore {
             .await
             .map_err(store_error("idle_holders"))?;
         Ok(docs.iter().map(|d| text(d, "_id")).collect())
+    }
+
+    async fn counter_count(&self, key: &CounterKey) -> StoreResult<Option<i64>> {
+        let d = self
+            .counters
+            .find_one(doc! { "_id": key.id() })
+            .projection(doc! { "count": 1 })
+            .await
+            .map_err(store_error("counter_count"))?;
+        Ok(d.map(|d| int(&d, "count")))
     }
 
     async fn occupancy(&self, key: &CounterKey) -> StoreResult<Occupancy> {

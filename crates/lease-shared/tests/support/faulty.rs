@@ -208,11 +208,11 @@ impl LeaseStore for FaultyStore {
     async fn push_level(&self, token: &str, counter_id: &str, held: bool) -> StoreResult<bool> {
         self.run("push_level", self.inner.push_level(token, counter_id, held)).await
     }
-    async fn touch(&self, token: &str) -> StoreResult<bool> {
-        self.run("touch", self.inner.touch(token)).await
+    async fn touch(&self, token: &str, tenant: Option<&str>) -> StoreResult<bool> {
+        self.run("touch", self.inner.touch(token, tenant)).await
     }
-    async fn set_payload(&self, token: &str, payload: &Payload) -> StoreResult<bool> {
-        self.run("set_payload", self.inner.set_payload(token, payload)).await
+    async fn set_payload(&self, token: &str, tenant: Option<&str>, payload: &Payload) -> StoreResult<bool> {
+        self.run("set_payload", self.inner.set_payload(token, tenant, payload)).await
     }
     async fn delete_holder(&self, token: &str, condition: DeleteCondition<'_>) -> StoreResult<Option<HolderRecord>> {
         self.run("delete_holder", self.inner.delete_holder(token, condition)).await
@@ -222,6 +222,9 @@ impl LeaseStore for FaultyStore {
     }
     async fn idle_holders(&self, resource: Option<&str>) -> StoreResult<Vec<String>> {
         self.run("idle_holders", self.inner.idle_holders(resource)).await
+    }
+    async fn counter_count(&self, key: &CounterKey) -> StoreResult<Option<i64>> {
+        self.run("counter_count", self.inner.counter_count(key)).await
     }
     async fn occupancy(&self, key: &CounterKey) -> StoreResult<Occupancy> {
         self.run("occupancy", self.inner.occupancy(key)).await
