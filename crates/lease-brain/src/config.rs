@@ -29,6 +29,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("BRAIN_HEARTBEAT_STALENESS_MS", "heartbeat-staleness-ms"),
     ("VANCE_LEASE_REAP_INTERVAL_MS", "vance.lease.reap-interval-ms"),
     ("VANCE_LEASE_RECONCILE_SAFETY_MS", "vance.lease.reconcile-safety-ms"),
+    ("VANCE_LEASE_RECONCILE_SETTLE_MS", "vance.lease.reconcile-settle-ms"),
     ("BRAIN_TEX2PDF_URL", "tex2pdf-url"),
     ("BRAIN_TEX2PDF_POLL_MS", "tex2pdf-poll-ms"),
 ];
@@ -60,6 +61,9 @@ pub struct BrainConfig {
     pub reap_interval: Duration,
     /// `vance.lease.reconcile-safety-ms` (`VANCE_LEASE_RECONCILE_SAFETY_MS`, default 60 000).
     pub reconcile_safety: Duration,
+    /// Reconcile's pause between its scan and its writes, longer than any delete-to-decrement gap
+    /// (`VANCE_LEASE_RECONCILE_SETTLE_MS`, default 1 000).
+    pub reconcile_settle: Duration,
     /// The remote tex2pdf compile service (`BRAIN_TEX2PDF_URL`); absent = the built-in test double.
     pub tex2pdf_url: Option<String>,
     /// The longest pause between two polls of a compile job (`BRAIN_TEX2PDF_POLL_MS`, default 1 000). Every poll
@@ -193,6 +197,7 @@ impl BrainConfig {
             heartbeat_staleness,
             reap_interval: millis(&env, "VANCE_LEASE_REAP_INTERVAL_MS", 30_000)?,
             reconcile_safety: millis(&env, "VANCE_LEASE_RECONCILE_SAFETY_MS", 60_000)?,
+            reconcile_settle: millis(&env, "VANCE_LEASE_RECONCILE_SETTLE_MS", 1_000)?,
             tex2pdf_url: match env("BRAIN_TEX2PDF_URL").filter(|u| !u.is_empty()) {
                 Some(u) if !u.starts_with("http://") && !u.starts_with("https://") => {
                     return Err(ConfigError {

@@ -184,7 +184,7 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
         SweeperConfig {
             pod: config.pod_id.clone(),
             reap_interval: config.reap_interval,
-            reconcile: ReconcileOptions { safety: config.reconcile_safety, ..ReconcileOptions::default() },
+            reconcile: ReconcileOptions { safety: config.reconcile_safety, settle: config.reconcile_settle },
         },
         Some(Arc::new(liveness) as Arc<dyn PodLiveness>),
     );

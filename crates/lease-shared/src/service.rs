@@ -254,12 +254,9 @@ impl ResourceLeaseService {
         }
         let def = match self.resolve(&req).await {
             Ok(Some(def)) if !def.is_noop() => def,
-            Ok(_) => {
-                let name = match &req.lease {
-                    LeaseRef::None => "none",
-                    LeaseRef::Name(n) => n,
-                    LeaseRef::Inline(_) => "inline",
-                };
+            Ok(def) => {
+                // The NOOP's resource label: the definition's resource, or `none` without a definition.
+                let name = def.as_ref().map_or("none", |d| d.resource.as_str());
                 metrics::acquired(name, "noop", started.elapsed().as_secs_f64());
                 return Ok(Lease::noop());
             }
