@@ -196,6 +196,26 @@ pub(super) struct LayerDocument {
     pub(super) content: String,
 }
 
+impl LayerDocument {
+    /// Fails the load closed because this layer's document at `path` is unusable: logs it with the layer, the
+    /// scope and the problem, and answers `LEASE_UNAVAILABLE` naming `what`, the layer and the problem.
+    pub(super) fn invalid(&self, what: &str, path: &str, tenant: &str, project: &str, problem: &str) -> LeaseError {
+        tracing::warn!(
+            layer = self.layer.as_str(),
+            what,
+            tenant,
+            project,
+            location = %self.location,
+            problem,
+            "config layer is invalid; failing closed"
+        );
+        LeaseError::unavailable(format!(
+            "{what}: the {} layer document ({}:{path}) is invalid: {problem}",
+            self.layer, self.location
+        ))
+    }
+}
+
 /// Whom a merge is for, for the log of ignored fields.
 struct MergeContext<'a> {
     name: &'a str,
@@ -468,21 +488,7 @@ impl LayeredDefinitions {
                     Some(n) => Err(format!("name: {n:?} does not match the file name {name:?}")),
                     None => Err(format!("name: is missing (must be {name:?}, the file name)")),
                 })
-                .map_err(|problem| {
-                    tracing::warn!(
-                        layer = l.layer.as_str(),
-                        lease = name,
-                        tenant,
-                        project,
-                        location = %l.location,
-                        problem = %problem,
-                        "lease definition layer is invalid; failing closed"
-                    );
-                    LeaseError::unavailable(format!(
-                        "{what}: the {} layer document ({}:{path}) is invalid: {problem}",
-                        l.layer, l.location
-                    ))
-                })?;
+                .map_err(|problem| l.invalid(&what, &path, tenant, project, &problem))?;
             docs.push((l.layer, doc));
         }
         Ok(Some(merge(docs, &MergeContext { name, tenant, project })))

@@ -114,20 +114,8 @@ impl LayeredDefinitions {
     async fn load_settings(&self, tenant: &str, project: &str) -> Result<Arc<MergedSettings>, LeaseError> {
         let mut merged = MergedSettings::new();
         for l in self.read_layers(tenant, project, SETTINGS_PATH, "settings").await? {
-            let entries = parse(&l.content).map_err(|problem| {
-                tracing::warn!(
-                    layer = l.layer.as_str(),
-                    tenant,
-                    project,
-                    location = %l.location,
-                    problem = %problem,
-                    "settings layer is invalid; failing closed"
-                );
-                LeaseError::unavailable(format!(
-                    "settings: the {} layer document ({}:{SETTINGS_PATH}) is invalid: {problem}",
-                    l.layer, l.location
-                ))
-            })?;
+            let entries =
+                parse(&l.content).map_err(|problem| l.invalid("settings", SETTINGS_PATH, tenant, project, &problem))?;
             for (key, value) in entries {
                 merged.insert(key, Setting { layer: l.layer, value });
             }
