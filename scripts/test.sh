@@ -6,6 +6,8 @@
 # stopped on exit, whether the tests pass, fail or are interrupted.
 # LEASE_MCP_EVERYTHING (server-everything's entry point for the mcp-client tests),
 # if unset, comes from scripts/mcp-servers.sh, which installs it when missing.
+# LEASE_CHROMIUM (the browser of the Tenant Insights page test), if unset, comes
+# from scripts/chromium.sh, which installs Debian's chromium when missing.
 # Extra arguments go to cargo test, e.g. scripts/test.sh -p lease-brain -- --nocapture
 set -euo pipefail
 
@@ -18,6 +20,13 @@ if [[ -z ${LEASE_MCP_EVERYTHING:-} ]]; then
 	export LEASE_MCP_EVERYTHING
 fi
 echo "test.sh: LEASE_MCP_EVERYTHING=$LEASE_MCP_EVERYTHING" >&2
+
+# The real browser the Tenant Insights page test runs (apt-get; idempotent).
+if [[ -z ${LEASE_CHROMIUM:-} ]]; then
+	LEASE_CHROMIUM=$(scripts/chromium.sh)
+	export LEASE_CHROMIUM
+fi
+echo "test.sh: LEASE_CHROMIUM=$LEASE_CHROMIUM" >&2
 
 if [[ -z ${LEASE_TEST_MONGODB_URI:-} ]]; then
 	# A state dir of our own: never reuse, nor stop, a mongod a developer has

@@ -25,6 +25,9 @@ pub enum ApiError {
     /// Missing, malformed, expired or wrongly signed credentials.
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// A valid token without the role the endpoint needs (`FORBIDDEN`, 403).
+    #[error("forbidden: this endpoint needs the {0} role")]
+    Forbidden(&'static str),
     /// No such lease in the caller's tenant.
     #[error("no such lease in this tenant")]
     NotFound,
@@ -138,6 +141,7 @@ impl IntoResponse for ApiError {
             ApiError::Unauthorized(_) => {
                 (StatusCode::UNAUTHORIZED, json!({ "code": "UNAUTHORIZED", "message": "unauthorized" }), None)
             }
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, json!({ "code": "FORBIDDEN", "message": message }), None),
             ApiError::NotFound => (StatusCode::NOT_FOUND, json!({ "code": "NOT_FOUND", "message": message }), None),
             ApiError::Invalid { field, .. } => (
                 StatusCode::BAD_REQUEST,
@@ -188,6 +192,7 @@ pub fn routes() -> Router<AppState> {
         .route("/internal/lease/admin/sweep", post(admin_sweep))
         .route("/internal/documents/changed", post(documents_changed))
         .route("/internal/documents", put(write_document))
+        .merge(crate::insights::routes())
 }
 
 async fn documents_changed(

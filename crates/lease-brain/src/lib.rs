@@ -8,6 +8,7 @@
 //!   the built-in `webhook` handler.
 //! - [`auth`]: HS256 bearer tokens and the internal shared secret.
 //! - [`api`]: the lease API and internal routes, and the one place errors become HTTP statuses.
+//! - [`insights`]: Tenant Insights (spec §9), the tenant ADMIN's holders, counters (with drift) and revoke.
 //! - [`addons`]: the add-on seam (handlers and routes of the tex add-on and the MCP client).
 //! - [`mcp`]: the MCP client add-on (tool-call endpoint, `mcp` handler, the pod's MCP pool).
 //! - [`server`]: wiring, [`server::router`], [`server::run`] with graceful shutdown.
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod cluster;
 pub mod config;
 pub mod dispatch;
+pub mod insights;
 pub mod mcp;
 pub mod server;
 pub mod tex;

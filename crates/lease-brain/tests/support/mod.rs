@@ -113,6 +113,11 @@ pub fn token(tenant: &str, user: &str) -> String {
     JwtKeys::new(JWT_SECRET).mint(tenant, user, &[], 600)
 }
 
+/// A token of a tenant ADMIN (the role Tenant Insights needs).
+pub fn admin_token(tenant: &str, user: &str) -> String {
+    JwtKeys::new(JWT_SECRET).mint(tenant, user, &["ADMIN".to_owned()], 600)
+}
+
 /// A callback receiver for webhook leases: records every POSTed body.
 pub async fn callback_server() -> (String, Arc<Mutex<Vec<Value>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
