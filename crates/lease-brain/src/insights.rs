@@ -20,7 +20,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lease_shared::store::{CounterKey, CounterRecord, HolderRecord};
-use lease_shared::{LeaseError, Level};
+use lease_shared::LeaseError;
 use serde::Serialize;
 
 use crate::api::{ApiError, bearer_claims};
@@ -113,9 +113,7 @@ pub struct CounterView {
 /// The key of `id` if it is a counter of `tenant`: level tenant, project or user, scope `tenant` or
 /// `tenant/…`. Global counters belong to no tenant.
 pub fn tenant_counter_key(id: &str, tenant: &str) -> Option<CounterKey> {
-    let key = CounterKey::parse(id)?;
-    let own = key.scope == tenant || key.scope.strip_prefix(tenant).is_some_and(|rest| rest.starts_with('/'));
-    (key.level != Level::Global && own).then_some(key)
+    CounterKey::parse(id).filter(|k| k.belongs_to_tenant(tenant))
 }
 
 /// The tenant's counters (sorted by id), each with its booked holders and drift.
@@ -155,11 +153,10 @@ async fn leases(State(state): State<AppState>, headers: HeaderMap) -> Result<Jso
     let store = state.leases.store();
     let now = store.store_now_ms().await.map_err(LeaseError::from)?;
     let mut holders: Vec<HolderView> = store
-        .holders(None)
+        .tenant_holders(&claims.tenant)
         .await
         .map_err(LeaseError::from)?
         .iter()
-        .filter(|h| h.tenant_id == claims.tenant)
         .map(|h| HolderView::new(h, now))
         .collect();
     holders.sort_by(|a, b| (&a.resource, &a.token).cmp(&(&b.resource, &b.token)));
@@ -169,8 +166,8 @@ async fn leases(State(state): State<AppState>, headers: HeaderMap) -> Result<Jso
 async fn counters(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<serde_json::Value>, ApiError> {
     let claims = admin(&state, &headers)?;
     let store = state.leases.store();
-    let counters = store.counters(None).await.map_err(LeaseError::from)?;
-    let holders = store.holders(None).await.map_err(LeaseError::from)?;
+    let counters = store.tenant_counters(&claims.tenant).await.map_err(LeaseError::from)?;
+    let holders = store.tenant_holders(&claims.tenant).await.map_err(LeaseError::from)?;
     let views = counter_views(&claims.tenant, &counters, &holders);
     Ok(Json(serde_json::json!({ "tenant": claims.tenant, "counters": views })))
 }

@@ -30,6 +30,7 @@ on_both_stores!(
     dropped_lease_is_released_in_the_background,
     full_level_of_idle_holders_is_swept_by_the_next_acquire,
     inline_definitions_count_on_a_project_private_resource,
+    tenant_views_read_only_that_tenants_holders_and_counters,
 );
 
 const THREE_LEVELS: &str = "name: pdf\nresource: pdf-svc\nlevels: {global: 6, tenant: 3, user: 2}\nttlSeconds: 60\n";
@@ -430,5 +431,25 @@ async fn inline_definitions_count_on_a_project_private_resource(backend: Backend
     }
     a.release().await.unwrap();
     b.release().await.unwrap();
+    fx.drop_database().await;
+}
+
+async fn tenant_views_read_only_that_tenants_holders_and_counters(backend: Backend) {
+    let fx = Fixture::new(backend).await;
+    let svc = fx.service(&[def(THREE_LEVELS), def("name: proj\nlevels: {project: 5}\n")]);
+    let mut leases = Vec::new();
+    for (tenant, lease) in [("t1", "pdf"), ("t1", "proj"), ("t10", "pdf"), ("t10", "proj"), ("u1", "proj")] {
+        leases.push(svc.acquire(request(lease, tenant, "p1", "u1")).await.unwrap());
+    }
+    let holders = fx.raw.tenant_holders("t1").await.unwrap();
+    assert_eq!(holders.len(), 2);
+    assert!(holders.iter().all(|h| h.tenant_id == "t1"));
+    let mut ids: Vec<String> = fx.raw.tenant_counters("t1").await.unwrap().into_iter().map(|c| c.id).collect();
+    ids.sort();
+    // Not t10's (a prefix of the id is not the tenant), not the global level (it belongs to no tenant).
+    assert_eq!(ids, vec!["pdf-svc|tenant|t1", "pdf-svc|user|t1/u1", "proj|project|t1/p1"]);
+    for l in leases {
+        l.release().await.unwrap();
+    }
     fx.drop_database().await;
 }

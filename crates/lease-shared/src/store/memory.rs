@@ -228,6 +228,20 @@ impl LeaseStore for MemoryStore {
         Ok(idle.into_iter().map(|h| h.token.clone()).collect())
     }
 
+    async fn tenant_holders(&self, tenant: &str) -> StoreResult<Vec<HolderRecord>> {
+        Ok(self.state().holders.values().filter(|h| h.tenant_id == tenant).cloned().collect())
+    }
+
+    async fn tenant_counters(&self, tenant: &str) -> StoreResult<Vec<CounterRecord>> {
+        Ok(self
+            .state()
+            .counters
+            .values()
+            .filter(|c| CounterKey::parse(&c.id).is_some_and(|k| k.belongs_to_tenant(tenant)))
+            .cloned()
+            .collect())
+    }
+
     async fn counter_count(&self, key: &CounterKey) -> StoreResult<Option<i64>> {
         Ok(self.state().counters.get(&key.id()).map(|c| c.count))
     }

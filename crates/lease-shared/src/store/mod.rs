@@ -53,6 +53,12 @@ impl CounterKey {
         format!("{}|{}|{}", self.resource, self.level, self.scope)
     }
 
+    /// Whether this counter belongs to `tenant` (tenant, project or user level of that tenant).
+    pub fn belongs_to_tenant(&self, tenant: &str) -> bool {
+        self.level != Level::Global
+            && (self.scope == tenant || self.scope.strip_prefix(tenant).is_some_and(|rest| rest.starts_with('/')))
+    }
+
     /// Parses an `_id` back into a key.
     pub fn parse(id: &str) -> Option<Self> {
         let mut parts = id.splitn(3, '|');
@@ -249,6 +255,13 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Every counter, optionally of one resource.
     async fn counters(&self, resource: Option<&str>) -> StoreResult<Vec<CounterRecord>>;
+
+    /// Every holder of one tenant (the tenant's own view; nothing of another tenant is read out).
+    async fn tenant_holders(&self, tenant: &str) -> StoreResult<Vec<HolderRecord>>;
+
+    /// The counters that belong to one tenant: its tenant, project and user levels (scope `<tenant>` or
+    /// `<tenant>/…`), never the global level, which belongs to no tenant.
+    async fn tenant_counters(&self, tenant: &str) -> StoreResult<Vec<CounterRecord>>;
 
     /// The store's clock now, in epoch milliseconds: the clock of `lastSeenAt`, `updatedAt` and `$$NOW`.
     async fn store_now_ms(&self) -> StoreResult<i64>;

@@ -87,6 +87,24 @@ impl MongoStore {
     }
 }
 
+impl MongoStore {
+    async fn find_holders(&self, filter: Document, op: &'static str) -> StoreResult<Vec<HolderRecord>> {
+        let docs: Vec<Document> =
+            self.holders.find(filter).await.map_err(store_error(op))?.try_collect().await.map_err(store_error(op))?;
+        Ok(docs.into_iter().map(holder_from).collect())
+    }
+
+    async fn find_counters(&self, filter: Document, op: &'static str) -> StoreResult<Vec<CounterRecord>> {
+        let docs: Vec<Document> =
+            self.counters.find(filter).await.map_err(store_error(op))?.try_collect().await.map_err(store_error(op))?;
+        Ok(docs.iter().map(counter_from).collect())
+    }
+}
+
+fn counter_from(d: &Document) -> CounterRecord {
+    CounterRecord { id: text(d, "_id"), count: int(d, "count"), updated_at_ms: millis(d, "updatedAt") }
+}
+
 fn to_bson_payload(payload: &Payload) -> StoreResult<Document> {
     bson::to_document(payload).map_err(|e| StoreError::new("payload", e))
 }
@@ -300,6 +318,22 @@ impl LeaseStore for MongoStore {
         Ok(docs.iter().map(|d| text(d, "_id")).collect())
     }
 
+    async fn tenant_holders(&self, tenant: &str) -> StoreResult<Vec<HolderRecord>> {
+        self.find_holders(doc! { "tenantId": tenant }, "tenant_holders").await
+    }
+
+    async fn tenant_counters(&self, tenant: &str) -> StoreResult<Vec<CounterRecord>> {
+        // `<tenant>/…` as a range ('0' follows '/'), so a tenant id needs no regex escaping.
+        let filter = doc! {
+            "level": { "$ne": "global" },
+            "$or": [
+                { "scope": tenant },
+                { "scope": { "$gte": format!("{tenant}/"), "$lt": format!("{tenant}0") } },
+            ],
+        };
+        self.find_counters(filter, "tenant_counters").await
+    }
+
     async fn counter_count(&self, key: &CounterKey) -> StoreResult<Option<i64>> {
         let d = self
             .counters
@@ -343,34 +377,11 @@ impl LeaseStore for MongoStore {
     }
 
     async fn holders(&self, resource: Option<&str>) -> StoreResult<Vec<HolderRecord>> {
-        let docs: Vec<Document> = self
-            .holders
-            .find(resource_filter(resource))
-            .await
-            .map_err(store_error("holders"))?
-            .try_collect()
-            .await
-            .map_err(store_error("holders"))?;
-        Ok(docs.into_iter().map(holder_from).collect())
+        self.find_holders(resource_filter(resource), "holders").await
     }
 
     async fn counters(&self, resource: Option<&str>) -> StoreResult<Vec<CounterRecord>> {
-        let docs: Vec<Document> = self
-            .counters
-            .find(resource_filter(resource))
-            .await
-            .map_err(store_error("counters"))?
-            .try_collect()
-            .await
-            .map_err(store_error("counters"))?;
-        Ok(docs
-            .iter()
-            .map(|d| CounterRecord {
-                id: text(d, "_id"),
-                count: int(d, "count"),
-                updated_at_ms: millis(d, "updatedAt"),
-            })
-            .collect())
+        self.find_counters(resource_filter(resource), "counters").await
     }
 
     async fn store_now_ms(&self) -> StoreResult<i64> {

@@ -223,6 +223,12 @@ impl LeaseStore for FaultyStore {
     async fn idle_holders(&self, resource: Option<&str>) -> StoreResult<Vec<String>> {
         self.run("idle_holders", self.inner.idle_holders(resource)).await
     }
+    async fn tenant_holders(&self, tenant: &str) -> StoreResult<Vec<HolderRecord>> {
+        self.run("tenant_holders", self.inner.tenant_holders(tenant)).await
+    }
+    async fn tenant_counters(&self, tenant: &str) -> StoreResult<Vec<CounterRecord>> {
+        self.run("tenant_counters", self.inner.tenant_counters(tenant)).await
+    }
     async fn counter_count(&self, key: &CounterKey) -> StoreResult<Option<i64>> {
         self.run("counter_count", self.inner.counter_count(key)).await
     }
