@@ -4,6 +4,9 @@
 #   scripts/mcp-servers.sh            install (idempotent); print the entry point of server-everything
 #   scripts/mcp-servers.sh install    the same
 #   scripts/mcp-servers.sh path       print the entry point if installed, fail otherwise (never installs)
+#   scripts/mcp-servers.sh playwright-path
+#                                     the same for @playwright/mcp (installed along; never downloads a browser:
+#                                     run it with --executable-path, e.g. Debian's chromium, scripts/chromium.sh)
 #
 # server-everything is pinned to an exact version and installed with npm into
 # the git-ignored .cache/npm/. Only the path goes to stdout, so
@@ -23,6 +26,10 @@ PACKAGE="@modelcontextprotocol/server-everything"
 VERSION="2026.8.31"
 PKGDIR="$PREFIX/node_modules/$PACKAGE"
 ENTRY="$PKGDIR/dist/index.js"
+PW_PACKAGE="@playwright/mcp"
+PW_VERSION="0.0.83" # needs node 20+ (its playwright dependency)
+PW_PKGDIR="$PREFIX/node_modules/$PW_PACKAGE"
+PW_ENTRY="$PW_PKGDIR/cli.js"
 
 log() { printf 'mcp-servers.sh: %s\n' "$*" >&2; }
 die() {
@@ -32,21 +39,24 @@ die() {
 
 # The version of the installed package, empty if none.
 installed_version() {
-	[[ -f $PKGDIR/package.json && -f $ENTRY ]] || return 0
-	node -e 'process.stdout.write(require(process.argv[1]).version)' "$PKGDIR/package.json" 2>/dev/null || true
+	local dir=${1:-$PKGDIR} entry=${2:-$ENTRY}
+	[[ -f $dir/package.json && -f $entry ]] || return 0
+	node -e 'process.stdout.write(require(process.argv[1]).version)' "$dir/package.json" 2>/dev/null || true
 }
 
 install() {
 	command -v node >/dev/null || die "node is not installed (need Node.js 18 or newer, with npm)"
 	command -v npm >/dev/null || die "npm is not installed (need Node.js 18 or newer, with npm)"
-	if [[ $(installed_version) == "$VERSION" ]]; then
+	if [[ $(installed_version) == "$VERSION" && $(installed_version "$PW_PKGDIR" "$PW_ENTRY") == "$PW_VERSION" ]]; then
 		return 0
 	fi
-	log "installing $PACKAGE@$VERSION into $PREFIX"
+	log "installing $PACKAGE@$VERSION and $PW_PACKAGE@$PW_VERSION into $PREFIX"
 	mkdir -p "$PREFIX"
-	npm install --prefix "$PREFIX" --save-exact --no-audit --no-fund --loglevel=error \
-		"$PACKAGE@$VERSION" >&2
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --prefix "$PREFIX" --save-exact --no-audit --no-fund \
+		--loglevel=error "$PACKAGE@$VERSION" "$PW_PACKAGE@$PW_VERSION" >&2
 	[[ $(installed_version) == "$VERSION" ]] || die "npm install left no $PACKAGE@$VERSION in $PKGDIR"
+	[[ $(installed_version "$PW_PKGDIR" "$PW_ENTRY") == "$PW_VERSION" ]] ||
+		die "npm install left no $PW_PACKAGE@$PW_VERSION in $PW_PKGDIR"
 }
 
 case "${1:-install}" in
@@ -58,7 +68,12 @@ path)
 	[[ $(installed_version) == "$VERSION" ]] || die "$PACKAGE@$VERSION is not installed; run scripts/mcp-servers.sh"
 	printf '%s\n' "$ENTRY"
 	;;
+playwright-path)
+	[[ $(installed_version "$PW_PKGDIR" "$PW_ENTRY") == "$PW_VERSION" ]] ||
+		die "$PW_PACKAGE@$PW_VERSION is not installed; run scripts/mcp-servers.sh"
+	printf '%s\n' "$PW_ENTRY"
+	;;
 *)
-	die "unknown command '$1' (use: install | path)"
+	die "unknown command '$1' (use: install | path | playwright-path)"
 	;;
 esac

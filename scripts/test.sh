@@ -4,8 +4,9 @@
 # LEASE_TEST_MONGODB_URI, if set, is used as is (e.g. a MongoDB you run yourself).
 # Otherwise a private mongod is started for this run (scripts/mongod.sh) and
 # stopped on exit, whether the tests pass, fail or are interrupted.
-# LEASE_MCP_EVERYTHING (server-everything's entry point for the mcp-client tests),
-# if unset, comes from scripts/mcp-servers.sh, which installs it when missing.
+# LEASE_MCP_EVERYTHING (server-everything's entry point for the mcp-client tests)
+# and LEASE_MCP_PLAYWRIGHT (@playwright/mcp's, for the browser test), if unset,
+# come from scripts/mcp-servers.sh, which installs them when missing.
 # LEASE_CHROMIUM (the browser of the Tenant Insights page test), if unset, comes
 # from scripts/chromium.sh, which installs Debian's chromium when missing.
 # Extra arguments go to cargo test, e.g. scripts/test.sh -p lease-brain -- --nocapture
@@ -20,6 +21,11 @@ if [[ -z ${LEASE_MCP_EVERYTHING:-} ]]; then
 	export LEASE_MCP_EVERYTHING
 fi
 echo "test.sh: LEASE_MCP_EVERYTHING=$LEASE_MCP_EVERYTHING" >&2
+if [[ -z ${LEASE_MCP_PLAYWRIGHT:-} ]]; then
+	LEASE_MCP_PLAYWRIGHT=$(scripts/mcp-servers.sh install >/dev/null && scripts/mcp-servers.sh playwright-path)
+	export LEASE_MCP_PLAYWRIGHT
+fi
+echo "test.sh: LEASE_MCP_PLAYWRIGHT=$LEASE_MCP_PLAYWRIGHT" >&2
 
 # The real browser the Tenant Insights page test runs (apt-get; idempotent).
 if [[ -z ${LEASE_CHROMIUM:-} ]]; then
