@@ -19,8 +19,8 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lease_shared::store::{CounterKey, CounterRecord, HolderRecord};
 use lease_shared::LeaseError;
+use lease_shared::store::{CounterKey, CounterRecord, HolderRecord};
 use serde::Serialize;
 
 use crate::api::{ApiError, bearer_claims};
