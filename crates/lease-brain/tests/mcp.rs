@@ -167,22 +167,6 @@ async fn wait_for_delete(proxy: &RecordingProxy, session_id: &str) -> mcp_suppor
     }
 }
 
-/// Whether the server still serves `session_id` (a raw `tools/list`).
-async fn server_knows(server: &EverythingHttp, session_id: &str) -> bool {
-    reqwest::Client::new()
-        .post(server.endpoint())
-        .header("mcp-session-id", session_id)
-        .header("mcp-protocol-version", "2025-06-18")
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
-        .send()
-        .await
-        .expect("raw POST")
-        .status()
-        .is_success()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tool_calls_through_the_brain_are_lease_guarded_and_revocation_reopens_the_session() {
     let (uri, db) = test_database("mcp_e2e").await;
@@ -275,7 +259,7 @@ async fn tool_calls_through_the_brain_are_lease_guarded_and_revocation_reopens_t
     pod.stop().await;
     for s in &open_sessions {
         wait_for_delete(&proxy, s).await;
-        assert!(!server_knows(&server, s).await);
+        assert!(!mcp_support::session_status(&server, s).await.is_success());
     }
     assert!(lease_holders(&db).await.is_empty(), "shutdown released every lease");
     let _ = db.drop().await;
@@ -301,7 +285,7 @@ async fn a_killed_pods_http_session_is_deleted_by_the_reaper_pod_unless_the_tool
     // Pod A dies with its session open. Once its heartbeat is stale, a sweep on B reaps its lease and B — the
     // reaper pod — sends the session DELETE with the configured auth.
     a.kill();
-    assert!(server_knows(&server, &session_id).await, "a killed pod sends nothing");
+    assert!(mcp_support::session_status(&server, &session_id).await.is_success(), "a killed pod sends nothing");
     let start = Instant::now();
     // (B's own scheduled sweep may get there first; either way the lease goes through B's dispatcher.)
     while lease_holders(&db).await.iter().any(|h| h.pod == "pod-a") {
@@ -312,7 +296,10 @@ async fn a_killed_pods_http_session_is_deleted_by_the_reaper_pod_unless_the_tool
     let delete = wait_for_delete(&proxy, &session_id).await;
     assert_eq!(delete.header("authorization"), Some("Bearer tool-secret"));
     assert_eq!(delete.header("x-api-key"), Some("key-1"));
-    assert!(!server_knows(&server, &session_id).await, "the server forgot the dead pod's session");
+    assert!(
+        !mcp_support::session_status(&server, &session_id).await.is_success(),
+        "the server forgot the dead pod's session"
+    );
     assert!(lease_holders(&db).await.is_empty());
 
     // Pod C dies with an open session after the tool moved to another endpoint: the reaper sends nothing.
@@ -337,7 +324,10 @@ async fn a_killed_pods_http_session_is_deleted_by_the_reaper_pod_unless_the_tool
     assert_eq!(r.status(), 200);
     assert_eq!(proxy.with_method(Method::DELETE).len(), deletes_before, "no DELETE to the old endpoint");
     assert!(moved_to.requests().is_empty(), "nothing to the new endpoint");
-    assert!(server_knows(&server, &session_id).await, "the session was left to its own expiry");
+    assert!(
+        mcp_support::session_status(&server, &session_id).await.is_success(),
+        "the session was left to its own expiry"
+    );
     b.stop().await;
     let _ = db.drop().await;
 }

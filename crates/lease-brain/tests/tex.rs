@@ -4,6 +4,10 @@
 
 mod support;
 
+/// A TCP forwarder in front of the test mongod that can be cut: the store goes away for one pod only.
+#[path = "../../lease-shared/tests/support/proxy.rs"]
+mod proxy;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,10 +27,9 @@ use lease_shared::{
     RevocationReason,
 };
 use mongodb::bson::{Document, doc};
+use proxy::CutProxy;
 use serde_json::{Value, json};
 use support::{INTERNAL_SECRET, Pod, free_port, test_database, token};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
 
 const SECRET_HEADER: &str = "x-vance-internal-secret";
 
@@ -127,46 +130,6 @@ fn tally<'a>(answers: impl IntoIterator<Item = &'a Answer>) -> (usize, Vec<&'a A
         }
     }
     (ok, busy, other)
-}
-
-/// A TCP forwarder in front of the test mongod that can be cut: the store goes away for one pod only.
-struct CutProxy {
-    addr: SocketAddr,
-    acceptor: JoinHandle<()>,
-    connections: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
-}
-
-impl CutProxy {
-    async fn start(target: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let conns = connections.clone();
-        let acceptor = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let conn = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                conns.lock().unwrap().push(conn);
-            }
-        });
-        CutProxy { addr, acceptor, connections }
-    }
-
-    fn cut(&self) {
-        self.acceptor.abort();
-        for c in self.connections.lock().unwrap().drain(..) {
-            c.abort();
-        }
-    }
-}
-
-impl Drop for CutProxy {
-    fn drop(&mut self) {
-        self.cut();
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

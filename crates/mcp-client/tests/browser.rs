@@ -7,15 +7,11 @@
 
 mod support;
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use lease_shared::store::{LeaseStore, MongoStore};
-use lease_shared::{LayeredDefinitions, MongoDocumentStore, ResourceLeaseService};
 use mcp_client::{Caller, McpPool};
-use mongodb::bson::doc;
+use support::World;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const TITLE: &str = "Lease Browser Test Page";
@@ -98,21 +94,7 @@ fn processes_with(marker: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_session_navigates_refuses_a_second_one_and_leaves_no_browser_behind() {
     let (entry, chromium) = (playwright_entry(), chromium());
-    let uri = std::env::var("LEASE_TEST_MONGODB_URI")
-        .expect("LEASE_TEST_MONGODB_URI is not set: run the tests with scripts/test.sh (it starts a real mongod)");
-    let mut options = mongodb::options::ClientOptions::parse(&uri).await.expect("test MongoDB URI");
-    options.server_selection_timeout = Some(Duration::from_secs(10));
-    let client = mongodb::Client::with_options(options).expect("client");
-    let db = client.database(&format!("mc_browser_{}", std::process::id()));
-    db.run_command(doc! { "ping": 1 }).await.unwrap_or_else(|e| panic!("test MongoDB at {uri} unreachable: {e}"));
-    let store = MongoStore::new(&db);
-    store.ensure_indexes().await.expect("lease indexes");
-    let documents = MongoDocumentStore::new(&db);
-    documents.ensure_indexes().await.expect("document indexes");
-    let store: Arc<dyn LeaseStore> = Arc::new(store);
-    let layers = Arc::new(LayeredDefinitions::new(Arc::new(documents)));
-    let types: HashSet<String> = ["mcp".to_owned()].into();
-    let leases = ResourceLeaseService::new(store.clone(), layers.clone(), Arc::new(types), None);
+    let World { db, store, layers, leases } = World::new("browser").await;
 
     // A private directory: its path is the marker of this test's server and browser processes.
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();

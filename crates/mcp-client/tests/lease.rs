@@ -3,80 +3,12 @@
 
 mod support;
 
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
-
 use axum::http::Method;
-use lease_shared::store::{HolderRecord, LeaseStore, MongoStore};
-use lease_shared::{LayeredDefinitions, LeaseError, Level, MongoDocumentStore, ResourceLeaseService, RevocationReason};
+use lease_shared::store::HolderRecord;
+use lease_shared::{LeaseError, Level, RevocationReason};
 use mcp_client::GuardError;
 use mcp_client::{Caller, McpError, McpLeaseHandler, McpPool, McpRevocation};
-use mongodb::bson::doc;
-use support::{EverythingHttp, RecordingProxy, echo_args, everything_entry, free_port, node};
-
-const TENANT_LAYER: &str = "_tenant";
-
-/// One test's lease world on its own MongoDB database: the store, the layers (bundled classpath) and a lease
-/// service that knows the `mcp` type and has no revocation listener (a revocation runs no handler unless the test
-/// calls it).
-struct World {
-    db: mongodb::Database,
-    store: Arc<dyn LeaseStore>,
-    layers: Arc<LayeredDefinitions>,
-    leases: ResourceLeaseService,
-}
-
-impl World {
-    async fn new(test: &str) -> World {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let uri = std::env::var("LEASE_TEST_MONGODB_URI").unwrap_or_else(|_| {
-            panic!(
-                "LEASE_TEST_MONGODB_URI is not set: run the tests with scripts/test.sh (it starts a real mongod), or \
-                 point it at a MongoDB you run"
-            )
-        });
-        let mut options = mongodb::options::ClientOptions::parse(&uri).await.expect("test MongoDB URI");
-        options.server_selection_timeout = Some(Duration::from_secs(10));
-        let client = mongodb::Client::with_options(options).expect("client");
-        let name = format!("mc_{test}_{}_{}", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
-        let db = client.database(&name);
-        db.run_command(doc! { "ping": 1 }).await.unwrap_or_else(|e| panic!("test MongoDB at {uri} unreachable: {e}"));
-        let store = MongoStore::new(&db);
-        store.ensure_indexes().await.expect("lease indexes");
-        let documents = MongoDocumentStore::new(&db);
-        documents.ensure_indexes().await.expect("document indexes");
-        let store: Arc<dyn LeaseStore> = Arc::new(store);
-        let layers = Arc::new(LayeredDefinitions::new(Arc::new(documents)));
-        let types: HashSet<String> = ["mcp".to_owned()].into();
-        let leases = ResourceLeaseService::new(store.clone(), layers.clone(), Arc::new(types), None);
-        World { db, store, layers, leases }
-    }
-
-    /// Writes a config document of tenant `t1` (`project` = `_tenant` for the tenant layer).
-    async fn put(&self, project: &str, path: &str, content: &str) {
-        self.layers.put_document("t1", project, path, content).await.expect("write config document");
-    }
-
-    /// Configures the tool `tool` in the tenant layer.
-    async fn tool(&self, tool: &str, content: &str) {
-        self.put(TENANT_LAYER, &format!("_vance/config/tools/{tool}.yaml"), content).await;
-    }
-
-    /// The bundled `browser` definition (user 1), waiting 0 ms instead of 5 s (a tenant may set waitMs).
-    async fn browser_without_wait(&self) {
-        self.put(TENANT_LAYER, "_vance/config/lease/browser.yaml", "name: browser\nwaitMs: 0\n").await;
-    }
-
-    async fn holders(&self) -> Vec<HolderRecord> {
-        self.store.holders(None).await.expect("holders")
-    }
-
-    async fn drop_db(self) {
-        let _ = self.db.drop().await;
-    }
-}
+use support::{EverythingHttp, RecordingProxy, World, echo_args, everything_entry, free_port, node, session_status};
 
 fn http_tool(endpoint: &str, lease: &str) -> String {
     format!(
@@ -99,22 +31,6 @@ async fn echo(pool: &McpPool, caller: &Caller, text: &str) -> Result<String, Mcp
 
 fn text<'a>(h: &'a HolderRecord, key: &str) -> Option<&'a str> {
     h.payload.get(key).and_then(|v| v.as_str())
-}
-
-/// Whether the server still serves `session_id` (a raw `tools/list`).
-async fn server_knows(server: &EverythingHttp, session_id: &str) -> bool {
-    reqwest::Client::new()
-        .post(server.endpoint())
-        .header("mcp-session-id", session_id)
-        .header("mcp-protocol-version", "2025-06-18")
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
-        .send()
-        .await
-        .expect("raw POST")
-        .status()
-        .is_success()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,7 +115,7 @@ async fn a_revoked_lease_fails_the_next_call_and_the_call_after_opens_a_new_sess
     assert_eq!(deletes.len(), 1, "the revoked session is closed");
     assert_eq!(deletes[0].header("mcp-session-id"), Some(first_session.as_str()));
     assert_eq!(deletes[0].header("authorization"), Some("Bearer tool-secret"));
-    assert!(!server_knows(&server, &first_session).await);
+    assert!(!session_status(&server, &first_session).await.is_success());
 
     // The call after that opens a new session with a new lease.
     assert!(echo(&pool, &caller, "after").await.unwrap().contains("after"));
@@ -276,7 +192,7 @@ async fn the_reaper_pod_deletes_a_dead_pods_http_session_with_the_configured_aut
     assert_eq!(deletes[0].header("mcp-session-id"), Some(session_id.as_str()));
     assert_eq!(deletes[0].header("authorization"), Some("Bearer tool-secret"), "the configured auth");
     assert_eq!(deletes[0].header("x-api-key"), Some("key-1"));
-    assert!(!server_knows(&server, &session_id).await, "the server forgot the session");
+    assert!(!session_status(&server, &session_id).await.is_success(), "the server forgot the session");
     // (Had the pod lived on, its next call would learn of the lost lease.)
     assert!(echo(&dead, &u1, "b").await.unwrap_err().is_revoked());
     // (That closed the dead pod's connection, with its own DELETE of the gone session.)
@@ -292,7 +208,7 @@ async fn the_reaper_pod_deletes_a_dead_pods_http_session_with_the_configured_aut
     assert!(matches!(&outcome, McpRevocation::Skipped(why) if why.contains("another endpoint")), "{outcome:?}");
     assert_eq!(proxy.with_method(Method::DELETE).len(), deletes, "no DELETE to the old endpoint");
     assert!(moved_to.requests().is_empty(), "nothing to the new endpoint");
-    assert!(server_knows(&server, &session_id).await, "the session was left alone");
+    assert!(session_status(&server, &session_id).await.is_success(), "the session was left alone");
 
     // No tool config any more, a pod-bound holder, a session without id: nothing is sent either.
     let mut other = revoked.clone();

@@ -7,7 +7,7 @@ use mcp_client::{
     HttpConfig, McpError, McpSession, SUPPORTED_PROTOCOL_VERSIONS, SessionOptions, StdioConfig, TransportConfig,
     terminate_session,
 };
-use support::{EverythingHttp, RecordingProxy, echo_args, everything_stdio, free_port};
+use support::{EverythingHttp, RecordingProxy, echo_args, everything_stdio, free_port, session_status};
 
 fn assert_has_echo(tools: &[mcp_client::Tool]) {
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
@@ -108,16 +108,7 @@ async fn http_initialize_list_call_and_delete_with_auth_on_close() {
     assert!(matches!(after, McpError::Closed(_)), "after close: {after}");
 
     // The server really forgot the session.
-    let status = reqwest::Client::new()
-        .post(server.endpoint())
-        .header("mcp-session-id", &session_id)
-        .header("accept", "application/json, text/event-stream")
-        .header("content-type", "application/json")
-        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
-        .send()
-        .await
-        .expect("raw POST")
-        .status();
+    let status = session_status(&server, &session_id).await;
     assert!(status.is_client_error(), "the server still serves the deleted session: {status}");
 }
 

@@ -1,6 +1,8 @@
 //! A TCP forwarder in front of the test MongoDB that can be cut: a server that stops answering, without stopping
 //! the shared mongod.
 
+#![allow(unreachable_pub)]
+
 use std::net::SocketAddr;
 
 use tokio::net::{TcpListener, TcpStream};

@@ -10,9 +10,10 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,9 +22,12 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::Response;
+use lease_shared::store::{HolderRecord, LeaseStore, MongoStore};
+use lease_shared::{LayeredDefinitions, MongoDocumentStore, ResourceLeaseService};
 use mcp_client::{
     GuardError, GuardedSession, SessionContext, SessionGuard, SessionInfo, SessionRefused, SessionRevoked, StdioConfig,
 };
+use mongodb::bson::doc;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -328,4 +332,82 @@ pub fn echo_args(text: &str) -> serde_json::Map<String, serde_json::Value> {
     let mut args = serde_json::Map::new();
     args.insert("message".to_owned(), serde_json::Value::String(text.to_owned()));
     args
+}
+
+/// The tenant layer's project.
+pub const TENANT_LAYER: &str = "_tenant";
+
+/// One test's lease world on its own MongoDB database: the store, the layers (bundled classpath) and a lease
+/// service that knows the `mcp` type and has no revocation listener (a revocation runs no handler unless the test
+/// calls it).
+pub struct World {
+    pub db: mongodb::Database,
+    pub store: Arc<dyn LeaseStore>,
+    pub layers: Arc<LayeredDefinitions>,
+    pub leases: ResourceLeaseService,
+}
+
+impl World {
+    pub async fn new(test: &str) -> World {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let uri = std::env::var("LEASE_TEST_MONGODB_URI").unwrap_or_else(|_| {
+            panic!(
+                "LEASE_TEST_MONGODB_URI is not set: run the tests with scripts/test.sh (it starts a real mongod), or \
+                 point it at a MongoDB you run"
+            )
+        });
+        let mut options = mongodb::options::ClientOptions::parse(&uri).await.expect("test MongoDB URI");
+        options.server_selection_timeout = Some(Duration::from_secs(10));
+        let client = mongodb::Client::with_options(options).expect("client");
+        let name = format!("mc_{test}_{}_{}", std::process::id(), SEQ.fetch_add(1, Ordering::SeqCst));
+        let db = client.database(&name);
+        db.run_command(doc! { "ping": 1 }).await.unwrap_or_else(|e| panic!("test MongoDB at {uri} unreachable: {e}"));
+        let store = MongoStore::new(&db);
+        store.ensure_indexes().await.expect("lease indexes");
+        let documents = MongoDocumentStore::new(&db);
+        documents.ensure_indexes().await.expect("document indexes");
+        let store: Arc<dyn LeaseStore> = Arc::new(store);
+        let layers = Arc::new(LayeredDefinitions::new(Arc::new(documents)));
+        let types: HashSet<String> = ["mcp".to_owned()].into();
+        let leases = ResourceLeaseService::new(store.clone(), layers.clone(), Arc::new(types), None);
+        World { db, store, layers, leases }
+    }
+
+    /// Writes a config document of tenant `t1` (`project` = `_tenant` for the tenant layer).
+    pub async fn put(&self, project: &str, path: &str, content: &str) {
+        self.layers.put_document("t1", project, path, content).await.expect("write config document");
+    }
+
+    /// Configures the tool `tool` in the tenant layer.
+    pub async fn tool(&self, tool: &str, content: &str) {
+        self.put(TENANT_LAYER, &format!("_vance/config/tools/{tool}.yaml"), content).await;
+    }
+
+    /// The bundled `browser` definition (user 1), waiting 0 ms instead of 5 s (a tenant may set waitMs).
+    pub async fn browser_without_wait(&self) {
+        self.put(TENANT_LAYER, "_vance/config/lease/browser.yaml", "name: browser\nwaitMs: 0\n").await;
+    }
+
+    pub async fn holders(&self) -> Vec<HolderRecord> {
+        self.store.holders(None).await.expect("holders")
+    }
+
+    pub async fn drop_db(self) {
+        let _ = self.db.drop().await;
+    }
+}
+
+/// The status a raw `tools/list` with `session_id` gets from `server`: success while it still serves the session.
+pub async fn session_status(server: &EverythingHttp, session_id: &str) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .post(server.endpoint())
+        .header("mcp-session-id", session_id)
+        .header("mcp-protocol-version", "2025-06-18")
+        .header("accept", "application/json, text/event-stream")
+        .header("content-type", "application/json")
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .send()
+        .await
+        .expect("raw POST")
+        .status()
 }
