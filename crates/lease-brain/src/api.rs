@@ -31,6 +31,9 @@ pub enum ApiError {
     /// No such lease in the caller's tenant.
     #[error("no such lease in this tenant")]
     NotFound,
+    /// Nothing of that name (an operator's look-up): `NOT_FOUND`, 404, with the message.
+    #[error("{0}")]
+    NoSuch(String),
     /// A malformed body or parameter.
     #[error("invalid request: {field}: {message}")]
     Invalid {
@@ -142,7 +145,9 @@ impl IntoResponse for ApiError {
                 (StatusCode::UNAUTHORIZED, json!({ "code": "UNAUTHORIZED", "message": "unauthorized" }), None)
             }
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, json!({ "code": "FORBIDDEN", "message": message }), None),
-            ApiError::NotFound => (StatusCode::NOT_FOUND, json!({ "code": "NOT_FOUND", "message": message }), None),
+            ApiError::NotFound | ApiError::NoSuch(_) => {
+                (StatusCode::NOT_FOUND, json!({ "code": "NOT_FOUND", "message": message }), None)
+            }
             ApiError::Invalid { field, .. } => (
                 StatusCode::BAD_REQUEST,
                 json!({ "code": "INVALID_REQUEST", "message": message, "field": field }),
@@ -187,11 +192,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/v1/leases/{token}/payload", put(update_payload))
         .route("/api/v1/leases/{token}", delete(release))
         .route("/internal/lease/revoked", post(revoked))
-        .route("/internal/lease/admin/revoke", post(admin_revoke))
-        .route("/internal/lease/admin/revoke-pod", post(admin_revoke_pod))
-        .route("/internal/lease/admin/sweep", post(admin_sweep))
         .route("/internal/documents/changed", post(documents_changed))
-        .route("/internal/documents", put(write_document))
+        .merge(crate::admin::routes())
         .merge(crate::insights::routes())
 }
 
@@ -204,27 +206,6 @@ async fn documents_changed(
     let change: lease_shared::DocumentChanged = body(&bytes)?;
     state.definitions.invalidate(&change);
     Ok(Json(json!({ "status": "ok" })))
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct DocumentBody {
-    tenant_id: String,
-    project_id: String,
-    path: String,
-    content: String,
-}
-
-/// Writes a config document (operator): drops this pod's affected cache entries and tells every live pod.
-async fn write_document(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    bytes: Bytes,
-) -> Result<Json<Value>, ApiError> {
-    internal(&state, &headers)?;
-    let d: DocumentBody = body(&bytes)?;
-    state.definitions.put_document(&d.tenant_id, &d.project_id, &d.path, &d.content).await?;
-    Ok(Json(json!({ "status": "written" })))
 }
 
 fn claims(state: &AppState, headers: &HeaderMap) -> Result<Claims, ApiError> {
@@ -246,7 +227,8 @@ pub fn bearer_claims(jwt: Option<&JwtKeys>, headers: &HeaderMap) -> Result<Claim
     })
 }
 
-fn internal(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// Accepts the request only with the internal shared secret (compared in constant time).
+pub(crate) fn internal(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let presented = headers.get(INTERNAL_SECRET_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default();
     if internal_secret_matches(presented, &state.internal_secret) {
         Ok(())
@@ -353,53 +335,4 @@ async fn revoked(State(state): State<AppState>, headers: HeaderMap, bytes: Bytes
     let RevokedHolder { holder, reason } = body(&bytes)?;
     let outcome = state.dispatcher.run_local(&holder, reason).await;
     Ok(Json(json!({ "status": format!("{outcome:?}") })))
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct RevokeBody {
-    token: String,
-    tenant_id: Option<String>,
-}
-
-async fn admin_revoke(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    bytes: Bytes,
-) -> Result<Json<Value>, ApiError> {
-    internal(&state, &headers)?;
-    let b: RevokeBody = body(&bytes)?;
-    let holder = state.leases.reaper().revoke(&b.token, b.tenant_id.as_deref()).await?;
-    Ok(Json(json!({ "status": "revoked", "token": holder.token, "pod": holder.pod, "type": holder.lease_type })))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RevokePodBody {
-    pod: String,
-}
-
-/// Revokes every holder of a pod (reason `revoke`); handlers dispatch as for any reap.
-async fn admin_revoke_pod(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    bytes: Bytes,
-) -> Result<Json<Value>, ApiError> {
-    internal(&state, &headers)?;
-    let b: RevokePodBody = body(&bytes)?;
-    let revoked = state.leases.reaper().revoke_pod(&b.pod).await.map_err(LeaseError::from)?;
-    let tokens: Vec<&str> = revoked.iter().map(|h| h.token.as_str()).collect();
-    Ok(Json(json!({ "status": "revoked", "count": revoked.len(), "tokens": tokens })))
-}
-
-/// One sweep round now: idle reap, dead-pod reap, reconcile, with handlers.
-async fn admin_sweep(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
-    internal(&state, &headers)?;
-    let report = state.sweeper.sweep_once().await.map_err(LeaseError::from)?;
-    Ok(Json(json!({
-        "idle": report.idle,
-        "pod": report.pod,
-        "deadPods": report.dead_pods,
-        "reconcile": format!("{:?}", report.reconcile),
-    })))
 }

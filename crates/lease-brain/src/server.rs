@@ -57,6 +57,8 @@ pub struct AppState {
     pub sweeper: LeaseSweeper,
     /// The revocation dispatcher (for `/internal/lease/revoked`).
     pub dispatcher: LeaseRevocationDispatcher,
+    /// The one definition of "pod alive" (for the operator's listings).
+    pub liveness: LeasePodLiveness,
     /// Verifies lease API tokens; `None` disables the lease API.
     pub jwt: Option<JwtKeys>,
     /// The internal shared secret.
@@ -186,7 +188,7 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
             reap_interval: config.reap_interval,
             reconcile: ReconcileOptions { safety: config.reconcile_safety, settle: config.reconcile_settle },
         },
-        Some(Arc::new(liveness) as Arc<dyn PodLiveness>),
+        Some(Arc::new(liveness.clone()) as Arc<dyn PodLiveness>),
     );
     let ready = Arc::new(AtomicBool::new(true));
     let state = AppState {
@@ -194,6 +196,7 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
         leases,
         definitions,
         dispatcher,
+        liveness,
         jwt: config.jwt_secret.as_deref().map(JwtKeys::new),
         internal_secret: config.internal_secret.clone(),
         pod_id: config.pod_id.clone(),

@@ -77,7 +77,8 @@ impl ReconcilePlan {
 }
 
 /// A repaired counter.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Correction {
     /// The counter's `_id`.
     pub counter: String,
@@ -89,8 +90,9 @@ pub struct Correction {
     pub deleted: bool,
 }
 
-/// The outcome of a reconcile pass.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The outcome of a reconcile pass (camelCase JSON: the operator CLI reads it from a brain).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ReconcileReport {
     /// Counters read.
     pub examined: usize,

@@ -38,8 +38,9 @@ impl SweeperConfig {
     }
 }
 
-/// What one sweep round did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What one sweep round did (camelCase JSON: the operator CLI reads it from a brain).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SweepReport {
     /// Idle holders this round deleted (reason `idle`).
     pub idle: usize,

@@ -33,7 +33,7 @@ pub async fn test_database(test: &str) -> (String, mongodb::Database) {
     (uri, db)
 }
 
-/// A binary of this workspace's lease-brain package (`brain`, `tex2pdf-double`), built by `scripts/test.sh`
+/// A binary of this workspace's lease-brain package (`brain`, `anus`, `tex2pdf-double`), built by `scripts/test.sh`
 /// (`cargo build -p lease-brain --bins`) before the tests run.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -95,15 +95,25 @@ impl BrainProcess {
     /// Starts a brain on `db` with pod id `pod`, short heartbeats and the test secrets; `extra` adds or overrides
     /// environment variables. Waits until it is ready.
     pub async fn start(uri: &str, db: &str, pod: &str, extra: &[(&str, &str)]) -> BrainProcess {
+        Self::spawn(Some((uri, db)), pod, extra).await
+    }
+
+    /// Starts a brain on the embedded (in-process) store, otherwise as [`BrainProcess::start`].
+    pub async fn start_embedded(pod: &str, extra: &[(&str, &str)]) -> BrainProcess {
+        Self::spawn(None, pod, extra).await
+    }
+
+    async fn spawn(mongodb: Option<(&str, &str)>, pod: &str, extra: &[(&str, &str)]) -> BrainProcess {
         let port = free_port();
         let mut cmd = Command::new(binary("brain"));
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "error")
-            .env("BRAIN_LISTEN", format!("127.0.0.1:{port}"))
-            .env("BRAIN_MONGODB_URI", uri)
-            .env("BRAIN_MONGODB_DATABASE", db)
-            .env("BRAIN_POD_ID", pod)
+            .env("BRAIN_LISTEN", format!("127.0.0.1:{port}"));
+        if let Some((uri, db)) = mongodb {
+            cmd.env("BRAIN_MONGODB_URI", uri).env("BRAIN_MONGODB_DATABASE", db);
+        }
+        cmd.env("BRAIN_POD_ID", pod)
             .env("BRAIN_INTERNAL_SECRET", INTERNAL_SECRET)
             .env("BRAIN_JWT_SECRET", JWT_SECRET)
             .env("BRAIN_HEARTBEAT_INTERVAL_MS", "200")
@@ -141,6 +151,48 @@ impl BrainProcess {
         assert!(sent.success());
         let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await.expect("exit").unwrap();
         status.success()
+    }
+}
+
+/// What one run of the operator CLI (`anus`) left.
+#[derive(Debug)]
+pub struct AnusRun {
+    /// The exit code (-1 when killed by a signal).
+    pub code: i32,
+    /// Its standard output.
+    pub stdout: String,
+    /// Its standard error.
+    pub stderr: String,
+}
+
+impl AnusRun {
+    /// Stdout parsed as JSON (of a `--json` run); panics with the whole run otherwise.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("anus printed no JSON ({e}): {self:?}"))
+    }
+
+    /// Asserts exit code 0 and returns the run.
+    pub fn ok(self) -> AnusRun {
+        assert_eq!(self.code, 0, "anus failed: {self:?}");
+        self
+    }
+}
+
+/// Runs `anus` with exactly `env` (plus `PATH`) and `args`.
+pub async fn anus(env: &[(&str, &str)], args: &[&str]) -> AnusRun {
+    let out = Command::new(binary("anus"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().copied())
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), out).await.expect("anus finished").expect("run anus");
+    AnusRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 
