@@ -7,9 +7,13 @@
 #   scripts/mcp-servers.sh playwright-path
 #                                     the same for @playwright/mcp (installed along; never downloads a browser:
 #                                     run it with --executable-path, e.g. Debian's chromium, scripts/chromium.sh)
+#   scripts/mcp-servers.sh playwright-core-path
+#                                     the package directory of playwright-core (installed along; the browser driver
+#                                     of the Tenant Insights page test: require() it and launch chromium with
+#                                     executablePath; it never downloads a browser either)
 #
-# server-everything is pinned to an exact version and installed with npm into
-# the git-ignored .cache/npm/. Only the path goes to stdout, so
+# All three are pinned to exact versions and installed with npm, in one idempotent
+# install, into the git-ignored .cache/npm/. Only the path goes to stdout, so
 # `LEASE_MCP_EVERYTHING=$(scripts/mcp-servers.sh)` works; progress and errors
 # go to stderr.
 #
@@ -30,6 +34,10 @@ PW_PACKAGE="@playwright/mcp"
 PW_VERSION="0.0.83" # needs node 20+ (its playwright dependency)
 PW_PKGDIR="$PREFIX/node_modules/$PW_PACKAGE"
 PW_ENTRY="$PW_PKGDIR/cli.js"
+PWC_PACKAGE="playwright-core"
+PWC_VERSION="1.65.1" # needs node 20+; no dependencies
+PWC_PKGDIR="$PREFIX/node_modules/$PWC_PACKAGE"
+PWC_ENTRY="$PWC_PKGDIR/index.js"
 
 log() { printf 'mcp-servers.sh: %s\n' "$*" >&2; }
 die() {
@@ -45,18 +53,23 @@ installed_version() {
 }
 
 install() {
-	command -v node >/dev/null || die "node is not installed (need Node.js 18 or newer, with npm)"
-	command -v npm >/dev/null || die "npm is not installed (need Node.js 18 or newer, with npm)"
-	if [[ $(installed_version) == "$VERSION" && $(installed_version "$PW_PKGDIR" "$PW_ENTRY") == "$PW_VERSION" ]]; then
+	command -v node >/dev/null || die "node is not installed (need Node.js 20 or newer, with npm)"
+	command -v npm >/dev/null || die "npm is not installed (need Node.js 20 or newer, with npm)"
+	if [[ $(installed_version) == "$VERSION" && $(installed_version "$PW_PKGDIR" "$PW_ENTRY") == "$PW_VERSION" &&
+		$(installed_version "$PWC_PKGDIR" "$PWC_ENTRY") == "$PWC_VERSION" ]]; then
 		return 0
 	fi
-	log "installing $PACKAGE@$VERSION and $PW_PACKAGE@$PW_VERSION into $PREFIX"
+	log "installing $PACKAGE@$VERSION, $PW_PACKAGE@$PW_VERSION and $PWC_PACKAGE@$PWC_VERSION into $PREFIX"
 	mkdir -p "$PREFIX"
+	# One install of all three: npm nests @playwright/mcp's own (differently pinned) playwright-core below it,
+	# so the top-level playwright-core is ours.
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --prefix "$PREFIX" --save-exact --no-audit --no-fund \
-		--loglevel=error "$PACKAGE@$VERSION" "$PW_PACKAGE@$PW_VERSION" >&2
+		--loglevel=error "$PACKAGE@$VERSION" "$PW_PACKAGE@$PW_VERSION" "$PWC_PACKAGE@$PWC_VERSION" >&2
 	[[ $(installed_version) == "$VERSION" ]] || die "npm install left no $PACKAGE@$VERSION in $PKGDIR"
 	[[ $(installed_version "$PW_PKGDIR" "$PW_ENTRY") == "$PW_VERSION" ]] ||
 		die "npm install left no $PW_PACKAGE@$PW_VERSION in $PW_PKGDIR"
+	[[ $(installed_version "$PWC_PKGDIR" "$PWC_ENTRY") == "$PWC_VERSION" ]] ||
+		die "npm install left no $PWC_PACKAGE@$PWC_VERSION in $PWC_PKGDIR"
 }
 
 case "${1:-install}" in
@@ -73,7 +86,12 @@ playwright-path)
 		die "$PW_PACKAGE@$PW_VERSION is not installed; run scripts/mcp-servers.sh"
 	printf '%s\n' "$PW_ENTRY"
 	;;
+playwright-core-path)
+	[[ $(installed_version "$PWC_PKGDIR" "$PWC_ENTRY") == "$PWC_VERSION" ]] ||
+		die "$PWC_PACKAGE@$PWC_VERSION is not installed; run scripts/mcp-servers.sh"
+	printf '%s\n' "$PWC_PKGDIR"
+	;;
 *)
-	die "unknown command '$1' (use: install | path | playwright-path)"
+	die "unknown command '$1' (use: install | path | playwright-path | playwright-core-path)"
 	;;
 esac

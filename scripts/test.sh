@@ -6,7 +6,9 @@
 # stopped on exit, whether the tests pass, fail or are interrupted.
 # LEASE_MCP_EVERYTHING (server-everything's entry point for the mcp-client tests)
 # and LEASE_MCP_PLAYWRIGHT (@playwright/mcp's, for the browser test), if unset,
-# come from scripts/mcp-servers.sh, which installs them when missing.
+# come from scripts/mcp-servers.sh, which installs them when missing; so does
+# LEASE_PLAYWRIGHT_CORE (playwright-core's package directory: the browser driver
+# of the Tenant Insights page test).
 # LEASE_CHROMIUM (the browser of the Tenant Insights page test), if unset, comes
 # from scripts/chromium.sh, which installs Debian's chromium when missing.
 # Extra arguments go to cargo test, e.g. scripts/test.sh -p lease-brain -- --nocapture
@@ -26,6 +28,11 @@ if [[ -z ${LEASE_MCP_PLAYWRIGHT:-} ]]; then
 	export LEASE_MCP_PLAYWRIGHT
 fi
 echo "test.sh: LEASE_MCP_PLAYWRIGHT=$LEASE_MCP_PLAYWRIGHT" >&2
+if [[ -z ${LEASE_PLAYWRIGHT_CORE:-} ]]; then
+	LEASE_PLAYWRIGHT_CORE=$(scripts/mcp-servers.sh install >/dev/null && scripts/mcp-servers.sh playwright-core-path)
+	export LEASE_PLAYWRIGHT_CORE
+fi
+echo "test.sh: LEASE_PLAYWRIGHT_CORE=$LEASE_PLAYWRIGHT_CORE" >&2
 
 # The real browser the Tenant Insights page test runs (apt-get; idempotent).
 if [[ -z ${LEASE_CHROMIUM:-} ]]; then
