@@ -336,7 +336,8 @@ impl ResourceLeaseService {
 
     /// One pass through the funnel: holder first (PENDING), then per capped level narrow → wide the conditional
     /// increment (creating a missing counter with a pure-`_id` upsert and trying once more) and the push of the
-    /// counter key, the last push also setting HELD. A refusal rolls back.
+    /// counter key — overlapping the next level's increment — the last push also setting HELD. A refusal rolls
+    /// back.
     async fn attempt(&self, req: &LeaseRequest, def: &LeaseDefinition) -> Result<String, Refused> {
         let store = &self.inner.store;
         let token = new_token();
@@ -367,18 +368,38 @@ impl ResourceLeaseService {
                     .map(|k| (k, cap))
             })
             .collect();
+        // Increments run one after the other, narrow → wide, each only once the one before succeeded; the push of
+        // a level's key runs beside the increment of the next level (both depend only on the previous increment),
+        // so k levels cost 2k + 1 round trips but only k + 2 round-trip latencies. The last push, alone, sets HELD.
         let mut taken: Vec<String> = Vec::with_capacity(levels.len());
-        for (i, (key, cap)) in levels.iter().enumerate() {
-            let incremented = match store.try_increment(key, *cap).await {
-                Ok(true) => Ok(true),
-                // Full, or the counter does not exist yet: create it (pure-_id upsert) and try once more. An upsert
-                // inside the conditional update would make the loser of a first-use race report busy.
-                Ok(false) => match store.ensure_counter(key).await {
-                    Ok(()) => store.try_increment(key, *cap).await,
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(e),
+        let mut unpushed: Option<String> = None;
+        for (key, cap) in &levels {
+            let (pushed, incremented) = match &unpushed {
+                Some(id) => {
+                    let (p, i) = tokio::join!(store.push_level(&token, id, false), self.increment(key, *cap));
+                    (Some(p), i)
+                }
+                None => (None, self.increment(key, *cap).await),
             };
+            match pushed {
+                None | Some(Ok(true)) => {}
+                // Deleted under us: its deleter decremented the registered levels; the unpushed one is left to
+                // reconcile, as in a funnel without overlap. The increment that ran beside the push is ours alone
+                // (nobody can have registered it), so it is returned here and adds no drift.
+                Some(Ok(false)) => {
+                    if matches!(incremented, Ok(true)) {
+                        self.decrement_unregistered(&token, &key.id()).await;
+                    }
+                    return Err(Refused::Lost(token));
+                }
+                Some(Err(e)) => {
+                    if matches!(incremented, Ok(true)) {
+                        taken.push(key.id());
+                    }
+                    self.roll_back(&token, &taken).await;
+                    return Err(Refused::Store(e));
+                }
+            }
             match incremented {
                 Ok(true) => {}
                 Ok(false) => {
@@ -394,7 +415,10 @@ impl ResourceLeaseService {
             }
             let id = key.id();
             taken.push(id.clone());
-            match store.push_level(&token, &id, i + 1 == levels.len()).await {
+            unpushed = Some(id);
+        }
+        if let Some(id) = unpushed {
+            match store.push_level(&token, &id, true).await {
                 Ok(true) => {}
                 // Deleted under us: its deleter decremented the registered levels; this one is left to reconcile.
                 Ok(false) => return Err(Refused::Lost(token)),
@@ -405,6 +429,25 @@ impl ResourceLeaseService {
             }
         }
         Ok(token)
+    }
+
+    /// The conditional increment of one level: `Ok(false)` when the level is full. A counter that does not exist
+    /// yet is created by a pure-`_id` upsert and tried once more: an upsert inside the conditional update would
+    /// make the loser of a first-use race report busy.
+    async fn increment(&self, key: &CounterKey, cap: u32) -> Result<bool, StoreError> {
+        let store = &self.inner.store;
+        if store.try_increment(key, cap).await? {
+            return Ok(true);
+        }
+        store.ensure_counter(key).await?;
+        store.try_increment(key, cap).await
+    }
+
+    /// Returns an increment that no holder registered (its holder was deleted before the push).
+    async fn decrement_unregistered(&self, token: &str, id: &str) {
+        if let Err(e) = self.inner.store.decrement(&[id.to_owned()]).await {
+            tracing::warn!(token, counter = id, error = %e, "could not return an unregistered increment; reconcile will");
+        }
     }
 
     /// Deletes the holder and, only if this call deleted it, decrements the levels this attempt took.

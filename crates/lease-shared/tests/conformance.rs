@@ -453,3 +453,38 @@ async fn tenant_views_read_only_that_tenants_holders_and_counters(backend: Backe
     }
     fx.drop_database().await;
 }
+
+/// The funnel's schedule, in tokio's paused time over the in-memory store with a fixed latency per primitive: an
+/// uncontended acquire over k = 3 levels makes 2k + 1 = 7 calls, but each push overlaps the next level's increment,
+/// so it takes k + 2 = 5 latencies, never more than 2 calls at once; increments still run one after the other,
+/// narrow → wide.
+#[tokio::test(start_paused = true)]
+async fn each_push_overlaps_the_next_increment_and_increments_stay_in_order() {
+    let fx = Fixture::new(Backend::Memory).await;
+    let svc = fx.service(&[def(THREE_LEVELS)]);
+    // Counters created by a first acquisition, so the funnel's calls are the plain ones.
+    svc.acquire(request("pdf", "t1", "p1", "u1")).await.unwrap().release().await.unwrap();
+    let latency = Duration::from_millis(10);
+    fx.store.set_latency(latency);
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for nth in 1..=3 {
+        let order = order.clone();
+        fx.store.before("try_increment", nth, move || async move { order.lock().unwrap().push(nth) });
+    }
+    fx.store.take_max_in_flight();
+    let calls = fx.store.total_calls();
+
+    let start = tokio::time::Instant::now();
+    let lease = svc.acquire(request("pdf", "t1", "p1", "u1")).await.unwrap();
+    let took = start.elapsed();
+
+    assert_eq!(fx.store.total_calls() - calls, 7, "2k + 1 calls");
+    assert_eq!(took, 5 * latency, "k + 2 latencies");
+    assert_eq!(fx.store.take_max_in_flight(), 2);
+    assert_eq!(*order.lock().unwrap(), [1, 2, 3]);
+    let holder = fx.raw.holder(lease.token().unwrap()).await.unwrap().unwrap();
+    assert_eq!(holder.state, HolderState::Held);
+    assert_eq!(holder.levels, ["pdf-svc|user|t1/u1", "pdf-svc|tenant|t1", "pdf-svc|global|*"]);
+    lease.release().await.unwrap();
+    fx.assert_counters_match_holders().await;
+}

@@ -39,6 +39,11 @@ struct Plan {
     after_hooks: Vec<(&'static str, usize, Hook)>,
     /// Once set, every primitive fails before reaching the store: the pod "crashed".
     dead: bool,
+    /// Added to every primitive before it reaches the store (a network round trip, in tokio time).
+    latency: Option<std::time::Duration>,
+    /// Primitives under way now, and the most ever under way at once.
+    in_flight: usize,
+    max_in_flight: usize,
 }
 
 impl std::fmt::Debug for Plan {
@@ -50,6 +55,7 @@ impl std::fmt::Debug for Plan {
             .field("hooks", &self.hooks.len())
             .field("after_hooks", &self.after_hooks.len())
             .field("dead", &self.dead)
+            .field("latency", &self.latency)
             .finish()
     }
 }
@@ -110,6 +116,18 @@ impl FaultyStore {
         let mut plan = self.plan.lock().unwrap();
         let base = plan.calls.get(primitive).copied().unwrap_or(0);
         plan.after_hooks.push((primitive, base + nth, Box::new(move || Box::pin(hook()))));
+    }
+
+    /// Every primitive from now on takes `latency` (tokio time) before it reaches the store.
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        self.plan.lock().unwrap().latency = Some(latency);
+    }
+
+    /// The most primitives that were ever under way at once; resets the figure.
+    pub fn take_max_in_flight(&self) -> usize {
+        let mut plan = self.plan.lock().unwrap();
+        let now = plan.in_flight;
+        std::mem::replace(&mut plan.max_in_flight, now)
     }
 
     /// Whether the pod has crashed.
@@ -178,6 +196,15 @@ impl FaultyStore {
         op: impl std::future::Future<Output = StoreResult<T>> + Send,
     ) -> StoreResult<T> {
         let (n, fault) = self.enter(primitive).await;
+        let latency = {
+            let mut plan = self.plan.lock().unwrap();
+            plan.in_flight += 1;
+            plan.max_in_flight = plan.max_in_flight.max(plan.in_flight);
+            plan.latency
+        };
+        if let Some(latency) = latency {
+            tokio::time::sleep(latency).await;
+        }
         let result = match fault {
             None => op.await,
             Some(Fault::Before) => Err(StoreError::new(primitive, "injected fault before the store")),
@@ -186,7 +213,11 @@ impl FaultyStore {
                 Err(StoreError::new(primitive, "injected fault after the store applied"))
             }
         };
-        let hooks = Self::take_due(&mut self.plan.lock().unwrap().after_hooks, primitive, n);
+        let hooks = {
+            let mut plan = self.plan.lock().unwrap();
+            plan.in_flight -= 1;
+            Self::take_due(&mut plan.after_hooks, primitive, n)
+        };
         for hook in hooks {
             hook().await;
         }
