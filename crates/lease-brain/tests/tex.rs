@@ -592,7 +592,8 @@ async fn a_revocation_during_polling_aborts_the_compile_and_frees_the_slot_and_a
 
     // A revocation after the compile finished: nothing to revoke, and a delayed notification aborts nothing.
     let late = revoke(&b.base, &second_lease).await.unwrap();
-    assert_eq!(late.status(), 410);
+    assert_eq!(late.status(), 404);
+    assert_eq!(late.json::<Value>().await.unwrap()["code"], "NOT_FOUND");
     let before = tracker_view(&http, &b.base).await;
     let delayed = RevokedHolder {
         holder: HolderRecord {
