@@ -512,10 +512,12 @@ impl ResourceLeaseService {
     /// [`Self::check`] for a remote consumer bound to `tenant`: `Ok(false)` (nothing touched) if the lease
     /// belongs to another tenant.
     pub async fn check_for_tenant(&self, token: &str, tenant: &str) -> Result<bool, LeaseError> {
-        match self.holder_in_tenant(token, tenant).await? {
-            Some(h) => self.check(token, &h.resource).await.map(|()| true),
-            None => Ok(false),
+        // One round trip when the lease is there; only a miss reads on, to tell a lost lease from another tenant's.
+        if let Some(resource) = self.inner.store.touch_in_tenant(token, tenant).await? {
+            metrics::checked(&resource, "ok");
+            return Ok(true);
         }
+        self.holder_in_tenant(token, tenant).await.map(|_| false)
     }
 
     /// [`Self::update_payload`] bound to `tenant` (the tenant is part of the write's filter: one round trip):

@@ -448,6 +448,28 @@ async fn tenant_views_read_only_that_tenants_holders_and_counters(backend: Backe
     ids.sort();
     // Not t10's (a prefix of the id is not the tenant), not the global level (it belongs to no tenant).
     assert_eq!(ids, vec!["pdf-svc|tenant|t1", "pdf-svc|user|t1/u1", "proj|project|t1/p1"]);
+
+    // A tenant-bound check: one round trip that touches only the tenant's own holder and names its resource.
+    let token = leases[0].token().unwrap().to_owned();
+    let seen = |fx: &Fixture, token: String| {
+        let raw = fx.raw.clone();
+        async move { raw.holder(&token).await.unwrap().unwrap().last_seen_at_ms }
+    };
+    let before = seen(&fx, token.clone()).await;
+    fx.pass_time(20).await;
+    let calls = fx.store.total_calls();
+    assert!(!svc.check_for_tenant(&token, "t10").await.unwrap(), "another tenant's lease");
+    assert_eq!(seen(&fx, token.clone()).await, before, "another tenant's check touched the lease");
+    assert!(svc.check_for_tenant(&token, "t1").await.unwrap());
+    assert!(seen(&fx, token.clone()).await > before, "the check did not touch");
+    assert_eq!(fx.store.calls("touch_in_tenant"), 2);
+    assert_eq!(fx.store.total_calls() - calls, 3, "own: one round trip; foreign: a touch that missed and one read");
+    assert_eq!(fx.raw.touch_in_tenant(&token, "t1").await.unwrap().as_deref(), Some("pdf-svc"));
+    assert_eq!(fx.raw.touch_in_tenant("no-such-token", "t1").await.unwrap(), None);
+    match svc.check_for_tenant("no-such-token", "t1").await {
+        Err(LeaseError::Lost { .. }) => {}
+        other => panic!("a missing lease must be LEASE_LOST, got {other:?}"),
+    }
     for l in leases {
         l.release().await.unwrap();
     }

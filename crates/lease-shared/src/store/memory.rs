@@ -179,6 +179,14 @@ impl LeaseStore for MemoryStore {
             .is_some())
     }
 
+    async fn touch_in_tenant(&self, token: &str, tenant: &str) -> StoreResult<Option<String>> {
+        let now = self.clock.now_ms();
+        Ok(self.state().holders.get_mut(token).filter(|h| h.tenant_id == tenant).map(|h| {
+            h.last_seen_at_ms = now;
+            h.resource.clone()
+        }))
+    }
+
     async fn set_payload(&self, token: &str, tenant: Option<&str>, payload: &Payload) -> StoreResult<bool> {
         let now = self.clock.now_ms();
         Ok(self

@@ -228,6 +228,11 @@ pub trait LeaseStore: Send + Sync + std::fmt::Debug + 'static {
     /// both succeed.
     async fn touch(&self, token: &str, tenant: Option<&str>) -> StoreResult<bool>;
 
+    /// [`Self::touch`] of a holder of `tenant` that also returns the holder's resource, for a caller that knows
+    /// only the token (the check metric is labelled by resource): `None` if no holder of `tenant` has the token.
+    /// One round trip.
+    async fn touch_in_tenant(&self, token: &str, tenant: &str) -> StoreResult<Option<String>>;
+
     /// Replaces the payload (and touches). Returns whether the holder exists (in `tenant`, when given).
     async fn set_payload(&self, token: &str, tenant: Option<&str>, payload: &Payload) -> StoreResult<bool>;
 

@@ -263,6 +263,16 @@ impl LeaseStore for MongoStore {
         Ok(r.matched_count == 1)
     }
 
+    async fn touch_in_tenant(&self, token: &str, tenant: &str) -> StoreResult<Option<String>> {
+        let before = self
+            .holders
+            .find_one_and_update(holder_filter(token, Some(tenant)), doc! { "$currentDate": { "lastSeenAt": true } })
+            .projection(doc! { "resource": 1 })
+            .await
+            .map_err(store_error("touch_in_tenant"))?;
+        Ok(before.map(|d| d.get_str("resource").unwrap_or_default().to_owned()))
+    }
+
     async fn set_payload(&self, token: &str, tenant: Option<&str>, payload: &Payload) -> StoreResult<bool> {
         let r = self
             .holders

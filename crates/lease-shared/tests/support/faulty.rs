@@ -242,6 +242,10 @@ impl LeaseStore for FaultyStore {
     async fn touch(&self, token: &str, tenant: Option<&str>) -> StoreResult<bool> {
         self.run("touch", self.inner.touch(token, tenant)).await
     }
+
+    async fn touch_in_tenant(&self, token: &str, tenant: &str) -> StoreResult<Option<String>> {
+        self.run("touch_in_tenant", self.inner.touch_in_tenant(token, tenant)).await
+    }
     async fn set_payload(&self, token: &str, tenant: Option<&str>, payload: &Payload) -> StoreResult<bool> {
         self.run("set_payload", self.inner.set_payload(token, tenant, payload)).await
     }
