@@ -97,7 +97,7 @@ impl McpLeaseHandler {
         };
         let config = self
             .tools
-            .load(&holder.tenant_id, &holder.project_id, tool)
+            .load_current(&holder.tenant_id, &holder.project_id, tool)
             .await
             .map_err(|e| format!("loading the tool config of {tool:?}: {e}"))?;
         let http = match config.map(|c| c.transport) {

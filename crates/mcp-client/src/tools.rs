@@ -138,8 +138,8 @@ impl ToolConfig {
     }
 }
 
-/// Reads tool configs through the config layers (not cached: a session open and a reaper's cleanup read the
-/// current document).
+/// Reads tool configs through the config layers: cached for the tool calls (a write through the layers, or a
+/// change event from another pod, drops the entry), read anew for a reaper's cleanup ([`Self::load_current`]).
 #[derive(Debug, Clone)]
 pub struct ToolConfigs {
     layers: Arc<LayeredDefinitions>,
@@ -160,6 +160,13 @@ impl ToolConfigs {
             return Ok(None);
         };
         parse_document(&doc, tenant, project).map(Some)
+    }
+
+    /// [`Self::load`] from every layer now, bypassing the cache: for a decision that must not rest on a missed
+    /// change event (where a reaped session's `DELETE` may go).
+    pub async fn load_current(&self, tenant: &str, project: &str, tool: &str) -> Result<Option<ToolConfig>, McpError> {
+        let doc = self.layers.tool_document_uncached(tenant, project, tool).await.map_err(McpError::ToolConfig)?;
+        doc.map(|doc| parse_document(&doc, tenant, project)).transpose()
     }
 
     /// [`Self::load`], with [`McpError::UnknownTool`] when no layer configures the tool.

@@ -365,6 +365,7 @@ pub struct LayeredDefinitions {
     max_age: Option<Duration>,
     definitions: LayerCache<Option<LeaseDefinition>>,
     pub(super) settings: LayerCache<Arc<MergedSettings>>,
+    pub(super) tools: LayerCache<Option<super::tools::ToolDocument>>,
 }
 
 impl LayeredDefinitions {
@@ -378,6 +379,7 @@ impl LayeredDefinitions {
             max_age: Some(DEFAULT_CACHE_MAX_AGE),
             definitions: LayerCache::new(),
             settings: LayerCache::new(),
+            tools: LayerCache::new(),
         }
     }
 
@@ -451,12 +453,14 @@ impl LayeredDefinitions {
     pub fn invalidate(&self, change: &DocumentChanged) {
         let definitions = self.definitions.invalidate(change);
         let settings = self.settings.invalidate(change);
+        let tools = self.tools.invalidate(change);
         tracing::debug!(
             tenant = %change.tenant,
             project = %change.project,
             path = %change.path,
             definitions,
             settings,
+            tools,
             "config document changed; cache entries dropped"
         );
     }
@@ -465,6 +469,7 @@ impl LayeredDefinitions {
     pub fn invalidate_all(&self) {
         self.definitions.clear();
         self.settings.clear();
+        self.tools.clear();
     }
 
     async fn load_definition(

@@ -8,8 +8,10 @@
 //!
 //! This module only reads the winning document (fail-closed: a layer that cannot be read fails the lookup with
 //! `LEASE_UNAVAILABLE` naming the layer, and a more general layer is never used instead); the MCP client parses
-//! it. Nothing is cached: a tool config is read when a session opens (and by the `mcp` handler on a reaper pod),
-//! so a write takes effect at the next read on every pod without a change event.
+//! it. [`LayeredDefinitions::tool_document`] is cached like definitions — every tool call looks its config up, and
+//! a write through the layers (or a change event from another pod) drops the entry —, while
+//! [`LayeredDefinitions::tool_document_uncached`] reads the layers now, for a decision that must not rest on a
+//! missed change event (the `mcp` handler deciding where a reaped session's `DELETE` goes).
 
 use super::layers::{Layer, LayeredDefinitions};
 use crate::definition::validate_name;
@@ -45,7 +47,8 @@ impl ToolDocument {
 
 impl LayeredDefinitions {
     /// The config document of `tool` for a caller in `(tenant, project)`: the most specific layer that has it
-    /// (whole document, no merge), `None` if no layer has it. Read from the store every time (not cached).
+    /// (whole document, no merge), `None` if no layer has it. Cached per `(tenant, project, tool)` like
+    /// definitions; failures are not cached.
     ///
     /// Errors: `INVALID_REQUEST` for a tool name that is not a valid name (names are path segments);
     /// `LEASE_UNAVAILABLE` naming the layer if any layer cannot be read.
@@ -56,6 +59,27 @@ impl LayeredDefinitions {
         tool: &str,
     ) -> Result<Option<ToolDocument>, LeaseError> {
         validate_name("tool", tool).map_err(|e| LeaseError::invalid(e.field, e.problem))?;
+        let path = tool_config_path(tool);
+        self.cached(&self.tools, tenant, project, &path, || self.load_tool_document(tenant, project, tool)).await
+    }
+
+    /// [`Self::tool_document`] read from every layer now, bypassing the cache (and leaving it alone).
+    pub async fn tool_document_uncached(
+        &self,
+        tenant: &str,
+        project: &str,
+        tool: &str,
+    ) -> Result<Option<ToolDocument>, LeaseError> {
+        validate_name("tool", tool).map_err(|e| LeaseError::invalid(e.field, e.problem))?;
+        self.load_tool_document(tenant, project, tool).await
+    }
+
+    async fn load_tool_document(
+        &self,
+        tenant: &str,
+        project: &str,
+        tool: &str,
+    ) -> Result<Option<ToolDocument>, LeaseError> {
         let path = tool_config_path(tool);
         let what = format!("tool config {tool:?}");
         let layers = self.read_layers(tenant, project, &path, &what).await?;
@@ -77,19 +101,18 @@ mod tests {
 
     #[tokio::test]
     async fn the_most_specific_layer_wins_as_a_whole() {
-        let store = Arc::new(MemoryDocumentStore::default());
         let path = tool_config_path("browser");
-        let layers = LayeredDefinitions::new(store.clone())
+        let layers = LayeredDefinitions::new(Arc::new(MemoryDocumentStore::default()))
             .with_classpath(Classpath::from_documents([(path.clone(), "from: classpath\n")]));
 
         let found = layers.tool_document("t1", "p1", "browser").await.unwrap().unwrap();
         assert_eq!((found.layer, found.content.as_str()), (Layer::Classpath, "from: classpath\n"));
-        store.put("_vance", "_tenant", &path, "from: system\n").await.unwrap();
-        store.put("t1", "_tenant", &path, "from: tenant\n").await.unwrap();
+        layers.put_document("_vance", "_tenant", &path, "from: system\n").await.unwrap();
+        layers.put_document("t1", "_tenant", &path, "from: tenant\n").await.unwrap();
         let found = layers.tool_document("t1", "p1", "browser").await.unwrap().unwrap();
         assert_eq!((found.layer, found.content.as_str()), (Layer::Tenant, "from: tenant\n"));
         assert_eq!(found.origin(), "the tenant layer (t1/_tenant:_vance/config/tools/browser.yaml)");
-        store.put("t1", "p1", &path, "from: project\n").await.unwrap();
+        layers.put_document("t1", "p1", &path, "from: project\n").await.unwrap();
         assert_eq!(layers.tool_document("t1", "p1", "browser").await.unwrap().unwrap().layer, Layer::Project);
         assert_eq!(layers.tool_document("t2", "p1", "browser").await.unwrap().unwrap().layer, Layer::System);
         assert_eq!(layers.tool_document("t1", "p1", "other").await.unwrap(), None);
@@ -102,5 +125,25 @@ mod tests {
             let e = layers.tool_document("t1", "p1", bad).await.unwrap_err();
             assert_eq!(e.code(), "INVALID_REQUEST", "{bad:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn cached_until_a_write_through_the_layers_uncached_reads_now() {
+        let store = Arc::new(MemoryDocumentStore::default());
+        let path = tool_config_path("browser");
+        let layers =
+            LayeredDefinitions::new(store.clone()).with_classpath(Classpath::from_documents::<String, &str>([]));
+        store.put("t1", "_tenant", &path, "v: 1\n").await.unwrap();
+        let content = |d: Option<ToolDocument>| d.map(|d| d.content);
+        assert_eq!(content(layers.tool_document("t1", "p1", "browser").await.unwrap()).as_deref(), Some("v: 1\n"));
+        // A write behind the layers' back: the cached entry stands, the uncached read sees it.
+        store.put("t1", "_tenant", &path, "v: 2\n").await.unwrap();
+        assert_eq!(content(layers.tool_document("t1", "p1", "browser").await.unwrap()).as_deref(), Some("v: 1\n"));
+        let now = layers.tool_document_uncached("t1", "p1", "browser").await.unwrap();
+        assert_eq!(content(now).as_deref(), Some("v: 2\n"));
+        // A write through the layers drops the tenant's entries.
+        layers.put_document("t1", "_tenant", &path, "v: 3\n").await.unwrap();
+        assert_eq!(content(layers.tool_document("t1", "p1", "browser").await.unwrap()).as_deref(), Some("v: 3\n"));
+        assert!(layers.tool_document("t1", "p1", "bad name").await.is_err());
     }
 }
