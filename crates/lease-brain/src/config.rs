@@ -32,6 +32,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("VANCE_LEASE_RECONCILE_SETTLE_MS", "vance.lease.reconcile-settle-ms"),
     ("BRAIN_TEX2PDF_URL", "tex2pdf-url"),
     ("BRAIN_TEX2PDF_POLL_MS", "tex2pdf-poll-ms"),
+    ("BRAIN_MCP_IDLE_CLOSE_MS", "mcp-idle-close-ms"),
 ];
 
 /// The validated configuration of one brain.
@@ -69,6 +70,9 @@ pub struct BrainConfig {
     /// The longest pause between two polls of a compile job (`BRAIN_TEX2PDF_POLL_MS`, default 1 000). Every poll
     /// checks the lease, so the tex definition's `ttlSeconds` must exceed it.
     pub tex2pdf_poll_interval: Duration,
+    /// A pooled MCP session nobody used for this long is closed (`BRAIN_MCP_IDLE_CLOSE_MS`, default 600 000): its
+    /// lease is released and a stdio server process ends; the next call opens a new session.
+    pub mcp_idle_close: Duration,
 }
 
 fn millis(
@@ -209,6 +213,7 @@ impl BrainConfig {
                 u => u,
             },
             tex2pdf_poll_interval: millis(&env, "BRAIN_TEX2PDF_POLL_MS", 1_000)?,
+            mcp_idle_close: millis(&env, "BRAIN_MCP_IDLE_CLOSE_MS", 600_000)?,
         })
     }
 }

@@ -11,9 +11,12 @@
 //!   `TOOL_ERROR` 502 (the MCP server or its transport failed).
 //! - The handler closes this pod's session holding a revoked lease, or — on the reaper pod, for a dead pod's
 //!   HTTP session — sends its `DELETE` with the configured auth ([`McpLeaseHandler`]).
+//! - A pooled session nobody used for `mcp-idle-close-ms` (default 10 minutes) is closed, so a `lease: none`
+//!   stdio server does not keep its process forever and an unused session does not keep its slot for a TTL.
 //! - Shutdown closes every pooled session (HTTP: `DELETE`) and releases their leases.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use axum::body::Bytes;
@@ -36,6 +39,8 @@ use crate::config::BrainConfig;
 pub struct McpAddon {
     handler: Arc<McpLeaseHandler>,
     pool: OnceLock<McpPool>,
+    idle_close: Duration,
+    idle_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl McpAddon {
@@ -45,6 +50,8 @@ impl McpAddon {
         McpAddon {
             handler: Arc::new(McpLeaseHandler::new(config.pod_id.clone(), definitions.clone())),
             pool: OnceLock::new(),
+            idle_close: config.mcp_idle_close,
+            idle_task: Mutex::new(None),
         }
     }
 
@@ -72,15 +79,34 @@ impl Addon for McpAddon {
             .get_or_init(|| McpPool::new(ctx.leases.clone(), ctx.definitions.clone(), ctx.pod_id.clone()))
             .clone();
         self.handler.attach_pool(pool.clone());
+        let mut task = self.idle_task.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if task.is_none() {
+            *task = Some(tokio::spawn(close_idle_loop(pool.clone(), self.idle_close)));
+        }
         Router::new()
             .route("/api/v1/projects/{project}/tools/{tool}/call", post(call_tool))
             .with_state(McpState { pool, jwt: ctx.jwt.clone() })
     }
 
     async fn shutdown(&self) {
+        let task = self.idle_task.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(task) = task {
+            task.abort();
+        }
         if let Some(pool) = self.pool.get() {
             pool.shutdown().await;
         }
+    }
+}
+
+/// Closes the pool's idle sessions, looking every half of `max_idle` (at most every minute, at least every 100 ms).
+async fn close_idle_loop(pool: McpPool, max_idle: Duration) {
+    let every = (max_idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(60));
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        pool.close_idle(max_idle).await;
     }
 }
 

@@ -331,3 +331,30 @@ async fn a_killed_pods_http_session_is_deleted_by_the_reaper_pod_unless_the_tool
     b.stop().await;
     let _ = db.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_pooled_session_is_closed_and_its_slot_returned_long_before_the_lease_ttl() {
+    let (uri, db) = test_database("mcp_idle").await;
+    let server = EverythingHttp::start().await;
+    let proxy = RecordingProxy::start(&server.base).await;
+    let mut pod = Pod::start_with(&uri, db.name(), "pod-a", &[("BRAIN_MCP_IDLE_CLOSE_MS", "300")]).await;
+    let brain = Brain::new();
+    brain.configure(&pod.base, &proxy.endpoint()).await;
+
+    let (status, result) = brain.echo(&pod.base, "p1", "u1", "then idle").await;
+    assert_eq!(status, 200, "{result}");
+    let holder = holder_of(&db, "u1").await;
+    assert_eq!(holder.ttl_seconds, 300, "the browser lease would hold its slot for five minutes");
+    // Closed by the pod's idle loop: the session DELETE, and the lease released (not reaped: no revocation).
+    wait_for_delete(&proxy, &session_of(&holder)).await;
+    let start = Instant::now();
+    while !lease_holders(&db).await.is_empty() {
+        assert!(start.elapsed() < PATIENCE, "the idle session's lease was never released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The user's single slot is free again: another project's session opens at once (waitMs 0).
+    let (status, result) = brain.echo(&pod.base, "p2", "u1", "fresh").await;
+    assert_eq!(status, 200, "{result}");
+    pod.stop().await;
+    let _ = db.drop().await;
+}

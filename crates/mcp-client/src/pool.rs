@@ -3,6 +3,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use lease_shared::store::HolderRecord;
 use lease_shared::{LayeredDefinitions, ResourceLeaseService};
@@ -52,6 +55,8 @@ impl PoolKey {
 struct Entry {
     config: ToolConfig,
     connection: Arc<McpConnection>,
+    /// When a caller last took the connection (under the map lock).
+    last_used: Mutex<Instant>,
 }
 
 struct Inner {
@@ -70,7 +75,9 @@ struct Inner {
 /// - Every use reads the tool config through the layers; when it changed (endpoint, auth, lease), the entry is
 ///   replaced and the old connection closed (for HTTP with the session `DELETE`).
 /// - [`McpPool::invalidate`] closes one entry; [`McpPool::close_revoked`] closes the connection that still holds a
-///   revoked lease (the `mcp` handler); [`McpPool::shutdown`] closes every connection and refuses new use.
+///   revoked lease (the `mcp` handler); [`McpPool::close_idle`] closes the connections nobody used for a while
+///   (a `lease: none` stdio session would otherwise keep its process forever); [`McpPool::shutdown`] closes every
+///   connection and refuses new use.
 #[derive(Clone)]
 pub struct McpPool {
     inner: Arc<Inner>,
@@ -131,7 +138,10 @@ impl McpPool {
             // Checked again under the lock: shutdown drains the map under it.
             self.ensure_running()?;
             match entries.get(&key) {
-                Some(e) if e.config == config => (e.connection.clone(), None),
+                Some(e) if e.config == config => {
+                    *lock(&e.last_used) = Instant::now();
+                    (e.connection.clone(), None)
+                }
                 existing => {
                     let replaced = existing.cloned();
                     let guard = LeaseGuard::new(
@@ -141,7 +151,8 @@ impl McpPool {
                         self.inner.pod.clone(),
                     );
                     let connection = Arc::new(McpConnection::new(config.connection_config(), Arc::new(guard)));
-                    entries.insert(key.clone(), Arc::new(Entry { config, connection: connection.clone() }));
+                    let entry = Entry { config, connection: connection.clone(), last_used: Mutex::new(Instant::now()) };
+                    entries.insert(key.clone(), Arc::new(entry));
                     (connection, replaced)
                 }
             }
@@ -198,6 +209,31 @@ impl McpPool {
             }
         }
         Ok(false)
+    }
+
+    /// Removes and closes every connection that no caller took for `max_idle` and that no call is using now (HTTP:
+    /// the session `DELETE`; the lease is released). Returns how many it closed. The next use of the tool opens a
+    /// new session.
+    pub async fn close_idle(&self, max_idle: Duration) -> usize {
+        let now = Instant::now();
+        let idle: Vec<Arc<Entry>> = {
+            let mut entries = lock(&self.inner.entries);
+            // Callers take their clone of the connection under this lock, so a count of one (the entry's own)
+            // means no call is under way and none can start before the entry is gone.
+            let keys: Vec<PoolKey> = entries
+                .iter()
+                .filter(|(_, e)| {
+                    now.duration_since(*lock(&e.last_used)) >= max_idle && Arc::strong_count(&e.connection) == 1
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter().filter_map(|k| entries.remove(k)).collect()
+        };
+        if !idle.is_empty() {
+            tracing::info!(connections = idle.len(), "closing idle MCP connections");
+        }
+        futures_util::future::join_all(idle.iter().map(|e| close_logged(&e.connection))).await;
+        idle.len()
     }
 
     /// Closes every connection (HTTP sessions get their `DELETE`, leases are released) and refuses new use.

@@ -326,3 +326,42 @@ async fn the_pool_follows_a_tool_config_change_and_invalidation_closes_with_dele
     assert!(pool.is_empty());
     w.drop_db().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_closed_unless_a_call_holds_them() {
+    let w = World::new("close_idle").await;
+    let server = EverythingHttp::start().await;
+    let proxy = RecordingProxy::start(&server.base).await;
+    w.browser_without_wait().await;
+    w.tool("everything", &http_tool(&proxy.endpoint(), "browser")).await;
+    let pool = McpPool::new(w.leases.clone(), w.layers.clone(), "pod-a");
+    let caller = Caller::new("t1", "p1", "u1");
+
+    assert!(echo(&pool, &caller, "a").await.is_ok());
+    let session = w.holders().await.remove(0);
+    assert_eq!(pool.close_idle(std::time::Duration::from_secs(600)).await, 0, "used just now");
+    assert_eq!(w.holders().await.len(), 1);
+
+    // A caller that holds the connection (as a call under way does) keeps it, however idle the entry.
+    let held = pool.connection(&caller, "everything").await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(pool.close_idle(std::time::Duration::ZERO).await, 0, "closed under a running call");
+    assert!(held.is_open().await);
+    drop(held);
+
+    // Idle and unused: closed with the session DELETE, its lease released, the entry gone.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(pool.close_idle(std::time::Duration::from_millis(20)).await, 1);
+    assert!(pool.is_empty());
+    let deletes = proxy.with_method(Method::DELETE);
+    assert_eq!(deletes.len(), 1);
+    assert_eq!(deletes[0].header("mcp-session-id"), text(&session, "sessionId"));
+    assert!(w.holders().await.is_empty(), "the lease was not released");
+    // The next use opens a new session with a new lease.
+    assert!(echo(&pool, &caller, "b").await.unwrap().contains('b'));
+    let again = w.holders().await;
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].token, session.token);
+    pool.shutdown().await;
+    w.drop_db().await;
+}
