@@ -449,6 +449,19 @@ async fn tenant_views_read_only_that_tenants_holders_and_counters(backend: Backe
     // Not t10's (a prefix of the id is not the tenant), not the global level (it belongs to no tenant).
     assert_eq!(ids, vec!["pdf-svc|tenant|t1", "pdf-svc|user|t1/u1", "proj|project|t1/p1"]);
 
+    if let Some(db) = &fx.db {
+        // The tenant's holders are found through an index, not by scanning every tenant's.
+        let explain = db
+            .run_command(mongodb::bson::doc! {
+                "explain": { "find": lease_shared::store::HOLDERS, "filter": { "tenantId": "t1" } },
+                "verbosity": "queryPlanner",
+            })
+            .await
+            .unwrap();
+        let plan = explain.get_document("queryPlanner").unwrap().get_document("winningPlan").unwrap().to_string();
+        assert!(plan.contains("IXSCAN") && plan.contains("tenantId_1") && !plan.contains("COLLSCAN"), "{plan}");
+    }
+
     // A tenant-bound check: one round trip that touches only the tenant's own holder and names its resource.
     let token = leases[0].token().unwrap().to_owned();
     let seen = |fx: &Fixture, token: String| {

@@ -79,9 +79,10 @@ impl MongoStore {
         Ok((client, store))
     }
 
-    /// Creates the indexes the scans rely on (holders by booked counter, resource and pod). Idempotent.
+    /// Creates the indexes the scans rely on (holders by booked counter, resource, pod and tenant). Idempotent.
     pub async fn ensure_indexes(&self) -> StoreResult<()> {
-        let indexes = ["levels", "resource", "pod"].map(|f| IndexModel::builder().keys(doc! { f: 1 }).build());
+        let indexes =
+            ["levels", "resource", "pod", "tenantId"].map(|f| IndexModel::builder().keys(doc! { f: 1 }).build());
         self.holders.create_indexes(indexes).await.map_err(store_error("ensure_indexes"))?;
         Ok(())
     }
