@@ -25,6 +25,16 @@ fn stdio_tool(lease: &str) -> String {
     )
 }
 
+/// The tool `everything` over Streamable HTTP behind a recording proxy, under the bundled `browser` lease (user
+/// cap 1, no wait), and a pool of pod `pod-a`. The server must live as long as the test.
+async fn http_tool_on_pod_a(w: &World) -> (EverythingHttp, RecordingProxy, McpPool) {
+    let server = EverythingHttp::start().await;
+    let proxy = RecordingProxy::start(&server.base).await;
+    w.browser_without_wait().await;
+    w.tool("everything", &http_tool(&proxy.endpoint(), "browser")).await;
+    (server, proxy, McpPool::new(w.leases.clone(), w.layers.clone(), "pod-a"))
+}
+
 async fn echo(pool: &McpPool, caller: &Caller, text: &str) -> Result<String, McpError> {
     pool.call_tool(caller, "everything", "echo", echo_args(text)).await.map(|r| r.text())
 }
@@ -36,11 +46,7 @@ fn text<'a>(h: &'a HolderRecord, key: &str) -> Option<&'a str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_cap_one_refuses_a_second_session_of_the_same_user_and_admits_another_user() {
     let w = World::new("user_cap").await;
-    let server = EverythingHttp::start().await;
-    let proxy = RecordingProxy::start(&server.base).await;
-    w.browser_without_wait().await;
-    w.tool("everything", &http_tool(&proxy.endpoint(), "browser")).await;
-    let pool = McpPool::new(w.leases.clone(), w.layers.clone(), "pod-a");
+    let (_server, proxy, pool) = http_tool_on_pod_a(&w).await;
     let (u1_p1, u1_p2, u2_p1) =
         (Caller::new("t1", "p1", "u1"), Caller::new("t1", "p2", "u1"), Caller::new("t1", "p1", "u2"));
 
@@ -95,11 +101,7 @@ async fn user_cap_one_refuses_a_second_session_of_the_same_user_and_admits_anoth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_fails_the_next_call_and_the_call_after_opens_a_new_session_with_a_new_lease() {
     let w = World::new("revoked").await;
-    let server = EverythingHttp::start().await;
-    let proxy = RecordingProxy::start(&server.base).await;
-    w.browser_without_wait().await;
-    w.tool("everything", &http_tool(&proxy.endpoint(), "browser")).await;
-    let pool = McpPool::new(w.leases.clone(), w.layers.clone(), "pod-a");
+    let (server, proxy, pool) = http_tool_on_pod_a(&w).await;
     let caller = Caller::new("t1", "p1", "u1");
 
     assert!(echo(&pool, &caller, "before").await.is_ok());
@@ -330,11 +332,7 @@ async fn the_pool_follows_a_tool_config_change_and_invalidation_closes_with_dele
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_are_closed_unless_a_call_holds_them() {
     let w = World::new("close_idle").await;
-    let server = EverythingHttp::start().await;
-    let proxy = RecordingProxy::start(&server.base).await;
-    w.browser_without_wait().await;
-    w.tool("everything", &http_tool(&proxy.endpoint(), "browser")).await;
-    let pool = McpPool::new(w.leases.clone(), w.layers.clone(), "pod-a");
+    let (_server, proxy, pool) = http_tool_on_pod_a(&w).await;
     let caller = Caller::new("t1", "p1", "u1");
 
     assert!(echo(&pool, &caller, "a").await.is_ok());
