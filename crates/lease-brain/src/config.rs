@@ -51,6 +51,9 @@ pub struct BrainConfig {
     /// The shared secret of internal endpoints (`BRAIN_INTERNAL_SECRET`); required with MongoDB (several pods),
     /// random per process for the embedded brain.
     pub internal_secret: String,
+    /// Whether [`Self::internal_secret`] was made up at start (embedded brain without `BRAIN_INTERNAL_SECRET`):
+    /// then nobody outside this process can use the internal and admin endpoints.
+    pub internal_secret_generated: bool,
     /// The HS256 secret of lease API tokens (`BRAIN_JWT_SECRET`); without it the lease API answers 503.
     pub jwt_secret: Option<String>,
     /// Heartbeat interval (`BRAIN_HEARTBEAT_INTERVAL_MS`, default 5 000).
@@ -179,6 +182,7 @@ impl BrainConfig {
             }
             (None, None) => format!("{:032x}", rand::random::<u128>()),
         };
+        let internal_secret_generated = env("BRAIN_INTERNAL_SECRET").filter(|s| !s.is_empty()).is_none();
         let jwt_secret = env("BRAIN_JWT_SECRET").filter(|s| !s.is_empty());
         let heartbeat_interval = millis(&env, "BRAIN_HEARTBEAT_INTERVAL_MS", 5_000)?;
         let heartbeat_staleness = millis(&env, "BRAIN_HEARTBEAT_STALENESS_MS", 20_000)?;
@@ -196,6 +200,7 @@ impl BrainConfig {
             pod_id,
             advertised_endpoint,
             internal_secret,
+            internal_secret_generated,
             jwt_secret,
             heartbeat_interval,
             heartbeat_staleness,

@@ -203,6 +203,12 @@ pub async fn run(config: BrainConfig, shutdown: impl Future<Output = ()> + Send 
         metrics,
         ready: ready.clone(),
     };
+    if config.internal_secret_generated {
+        tracing::warn!(
+            "no BRAIN_INTERNAL_SECRET: a random one guards this brain's internal and admin endpoints, so the operator \
+             CLI (anus) cannot act on it; give both the same BRAIN_INTERNAL_SECRET (16+ characters)"
+        );
+    }
     if state.jwt.is_none() {
         tracing::warn!("no BRAIN_JWT_SECRET: the lease API answers 503");
     }
