@@ -127,7 +127,8 @@ async fn counters(State(state): State<AppState>, headers: HeaderMap) -> Result<J
     let counters = store.tenant_counters(&claims.tenant).await.map_err(LeaseError::from)?;
     let holders = store.tenant_holders(&claims.tenant).await.map_err(LeaseError::from)?;
     // The tenant's holders book its counters (and the global ones, which are left out).
-    let views = crate::ops::counter_rows(&counters, &holders, |id, _| is_tenant_counter(id, &claims.tenant));
+    let booked = crate::ops::booked_by(&holders);
+    let views = crate::ops::counter_rows(&counters, &booked, |id, _| is_tenant_counter(id, &claims.tenant));
     Ok(Json(serde_json::json!({ "tenant": claims.tenant, "counters": views })))
 }
 

@@ -5,7 +5,7 @@
 //! Every view is a snapshot of separate reads (holders, counters): a drift that is gone at the next read was an
 //! acquisition or release in flight. Reconcile only acts on counters unchanged for its safety margin.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use lease_shared::store::{CounterKey, CounterRecord, HolderRecord};
 use lease_shared::{LayeredDefinitions, LeaseDefinition, LeaseError, LeaseStore, StoreError};
@@ -122,19 +122,24 @@ pub struct CounterRow {
     pub exists: bool,
 }
 
-/// Rows for `counters` beside the levels `holders` book, sorted by `_id`; counters that holders book but that do
-/// not exist are listed too. `keep` selects counters by key (e.g. a tenant's own levels).
+/// How many of `holders` book each counter `_id` (what [`LeaseStore::booked_counts`] counts in the store).
+pub fn booked_by(holders: &[HolderRecord]) -> HashMap<String, i64> {
+    let mut booked = HashMap::new();
+    for level in holders.iter().flat_map(|h| &h.levels) {
+        *booked.entry(level.clone()).or_default() += 1;
+    }
+    booked
+}
+
+/// Rows for `counters` beside the holders `booked` per counter `_id`, sorted by `_id`; counters that holders book
+/// but that do not exist are listed too. `keep` selects counters by key (e.g. a tenant's own levels).
 pub fn counter_rows(
     counters: &[CounterRecord],
-    holders: &[HolderRecord],
+    booked: &HashMap<String, i64>,
     keep: impl Fn(&str, Option<&CounterKey>) -> bool,
 ) -> Vec<CounterRow> {
-    let mut booked: BTreeMap<&str, i64> = BTreeMap::new();
-    for level in holders.iter().flat_map(|h| &h.levels) {
-        *booked.entry(level.as_str()).or_default() += 1;
-    }
     let stored = counters.iter().map(|c| (c.id.as_str(), Some(c.count)));
-    let missing = booked.keys().filter(|id| !counters.iter().any(|c| c.id == **id)).map(|id| (*id, None));
+    let missing = booked.keys().filter(|id| !counters.iter().any(|c| c.id == **id)).map(|id| (id.as_str(), None));
     let mut rows: Vec<CounterRow> = stored
         .chain(missing)
         .filter_map(|(id, count)| {
@@ -163,11 +168,13 @@ pub fn counter_rows(
     rows
 }
 
-/// Every counter (of `resource`, if given), global level included, with BOOKED and drift.
+/// Every counter (of `resource`, if given), global level included, with BOOKED and drift. The holders are
+/// counted in the store (one aggregation, as reconcile counts them), read after the counters.
 pub async fn counters(store: &dyn LeaseStore, resource: Option<&str>) -> Result<Vec<CounterRow>, StoreError> {
     let counters = store.counters(resource).await?;
-    let holders = store.holders(resource).await?;
-    Ok(counter_rows(&counters, &holders, |_, _| true))
+    let booked = store.booked_counts().await?;
+    let of_resource = |_: &str, k: Option<&CounterKey>| resource.is_none_or(|r| k.is_some_and(|k| k.resource == r));
+    Ok(counter_rows(&counters, &booked, of_resource))
 }
 
 /// A merged definition as JSON.
@@ -262,7 +269,7 @@ mod tests {
     fn counter_rows_show_booked_drift_and_missing_counters() {
         let holders = [holder("a", "t1", &["r|global|*", "r|tenant|t1"]), holder("b", "t2", &["r|global|*"])];
         let counters = [counter("r|global|*", 3), counter("r|tenant|t2", 0), counter("odd-id", 1)];
-        let rows = counter_rows(&counters, &holders, |_, _| true);
+        let rows = counter_rows(&counters, &booked_by(&holders), |_, _| true);
         let view: Vec<(&str, i64, i64, i64, bool)> =
             rows.iter().map(|r| (r.id.as_str(), r.count, r.booked, r.drift, r.exists)).collect();
         assert_eq!(
@@ -276,7 +283,8 @@ mod tests {
         );
         assert_eq!((rows[1].level.as_str(), rows[1].scope.as_str()), ("global", "*"));
         assert_eq!(rows[0].level, "", "an id outside the key scheme has no level");
-        let only_t1 = counter_rows(&counters, &holders, |_, k| k.is_some_and(|k| k.belongs_to_tenant("t1")));
+        let only_t1 =
+            counter_rows(&counters, &booked_by(&holders), |_, k| k.is_some_and(|k| k.belongs_to_tenant("t1")));
         assert_eq!(only_t1.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["r|tenant|t1"]);
     }
 

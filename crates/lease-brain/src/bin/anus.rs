@@ -296,7 +296,7 @@ impl Brain {
         })
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str, query: &[(&str, &str)]) -> Outcome<T> {
+    async fn get<T: DeserializeOwned>(&self, path: &str, query: &impl serde::Serialize) -> Outcome<T> {
         self.call(self.http.get(format!("{}{path}", self.base)).query(query)).await
     }
 
@@ -306,6 +306,7 @@ impl Brain {
 }
 
 const ADMIN: &str = "/internal/lease/admin";
+const NO_QUERY: [(&str, &str); 0] = [];
 
 async fn run(cli: Cli) -> Outcome {
     let g = &cli.global;
@@ -323,18 +324,8 @@ async fn lease(command: LeaseCommand, g: &Global, direct: Option<&Direct>, brain
             let filter = HolderFilter { tenant, resource, pod, lease_type };
             let rows: Vec<HolderRow> = match direct {
                 Some(d) => ops::holders(d.store.as_ref(), &d.liveness(), &filter).await?,
-                None => {
-                    let q: Vec<(&str, &str)> = [
-                        ("tenant", &filter.tenant),
-                        ("resource", &filter.resource),
-                        ("pod", &filter.pod),
-                        ("type", &filter.lease_type),
-                    ]
-                    .into_iter()
-                    .filter_map(|(k, v)| Some((k, v.as_deref()?)))
-                    .collect();
-                    field(brain.get::<Value>(&format!("{ADMIN}/holders"), &q).await?, "holders")?
-                }
+                // The endpoint takes the filter as its query (unset fields left out).
+                None => field(brain.get::<Value>(&format!("{ADMIN}/holders"), &filter).await?, "holders")?,
             };
             if g.json {
                 return print_json(&json!({ "holders": rows }));
@@ -368,7 +359,7 @@ async fn lease(command: LeaseCommand, g: &Global, direct: Option<&Direct>, brain
                 Some(d) => ops::holder(d.store.as_ref(), &d.liveness(), &token)
                     .await?
                     .ok_or_else(|| Failure::NotFound(format!("no holder {token}")))?,
-                None => brain.get(&format!("{ADMIN}/holders/{}", path_segment(&token)), &[]).await?,
+                None => brain.get(&format!("{ADMIN}/holders/{}", path_segment(&token)), &NO_QUERY).await?,
             };
             if g.json {
                 return print_json(&row);

@@ -58,7 +58,7 @@ impl LayeredDefinitions {
         project: &str,
         tool: &str,
     ) -> Result<Option<ToolDocument>, LeaseError> {
-        validate_name("tool", tool).map_err(|e| LeaseError::invalid(e.field, e.problem))?;
+        // An invalid name fails in the load, and failures are never cached.
         let path = tool_config_path(tool);
         self.cached(&self.tools, tenant, project, &path, || self.load_tool_document(tenant, project, tool)).await
     }
@@ -70,7 +70,6 @@ impl LayeredDefinitions {
         project: &str,
         tool: &str,
     ) -> Result<Option<ToolDocument>, LeaseError> {
-        validate_name("tool", tool).map_err(|e| LeaseError::invalid(e.field, e.problem))?;
         self.load_tool_document(tenant, project, tool).await
     }
 
@@ -80,6 +79,7 @@ impl LayeredDefinitions {
         project: &str,
         tool: &str,
     ) -> Result<Option<ToolDocument>, LeaseError> {
+        validate_name("tool", tool).map_err(|e| LeaseError::invalid(e.field, e.problem))?;
         let path = tool_config_path(tool);
         let what = format!("tool config {tool:?}");
         let layers = self.read_layers(tenant, project, &path, &what).await?;
