@@ -233,7 +233,16 @@ async fn killed_pod_bound_compile_is_only_released_while_a_webhook_lease_runs_it
         assert!(tokio::time::Instant::now() < deadline, "the dead pod's tex holder was never reaped");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let metrics = http.get(format!("{}/metrics", b.base)).send().await.unwrap().text().await.unwrap();
+    // The reaper dispatches a holder after deleting it: its metric may land just after the holders are gone.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let text = http.get(format!("{}/metrics", b.base)).send().await.unwrap().text().await.unwrap();
+        let dispatched = text.lines().filter(|l| l.starts_with("vance_lease_dispatch_total")).count();
+        if dispatched >= 2 || tokio::time::Instant::now() >= deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let count = |outcome: &str| {
         metrics
             .lines()
